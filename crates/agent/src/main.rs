@@ -1,0 +1,5 @@
+//! nodedns: a node-local DNS cache for Kubernetes.
+
+mod config;
+
+fn main() {}
