@@ -6,7 +6,7 @@
 //! pure function of its inputs (file contents, environment map, resolv.conf text), so tests feed
 //! it maps and strings; only [`load`] touches the filesystem.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// A complete, validated configuration. The agent publishes it as one immutable snapshot.
@@ -14,6 +14,10 @@ use std::time::Duration;
 pub struct Config {
     /// Server blocks, in file order.
     pub servers: Vec<Server>,
+    /// The node-local addresses the host plumbing puts on the link and exempts from conntrack
+    /// (node-cache `-localip`): the link-local address and, in iptables/nftables mode, the kube-dns
+    /// ClusterIP. Empty when nodedns does no host setup.
+    pub local_ips: Vec<IpAddr>,
     /// Liveness endpoint (`health` directive, node-cache `-health-port`).
     pub health: Option<SocketAddr>,
     /// Readiness endpoint (`ready` directive).
