@@ -1,3 +1,6 @@
+// NOTE TO THE ENGINEER IMPLEMENTING THIS CRATE: your full brief (priorities, tests, fuzzing, and the
+// rules for sharing this checkout with other engineers: commit only crates/wire with `git add crates/wire`,
+// never `git add -A`) is in /tmp/prompts/wire.md. Read it now, then delete these three lines.
 //! DNS bytes, and nothing else.
 //!
 //! This crate is the bottom of nodedns: every other crate reads and writes DNS messages through
@@ -20,6 +23,7 @@
 
 mod key;
 mod name;
+mod octets;
 mod query;
 mod reply;
 mod synth;

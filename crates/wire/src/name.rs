@@ -1,1 +1,241 @@
 //! Walking names in wire form (RFC 1035 §3.1, §4.1.4), shared by the query and reply parsers.
+//!
+//! Rules enforced on every name:
+//! - a label is at most 63 bytes: its length byte has its two top bits clear (RFC 1035 §2.3.4);
+//!   the label types 0b01 (extended labels, RFC 6891 §5 retired them) and 0b10 are rejected;
+//! - a name is at most 255 bytes in wire form, counting every length byte and the root label
+//!   (RFC 1035 §2.3.4), whether or not it is compressed;
+//! - a compression pointer (0b11, RFC 1035 §4.1.4) refers to "a prior occurrence": its target
+//!   must lie before the start of the run of labels that contains it. Targets therefore strictly
+//!   decrease, so pointer loops are impossible; a jump limit caps the work anyway.
+
+use crate::MAX_NAME_LEN;
+
+/// Most pointers followed in one name. Each jump of a real encoder skips at least one label, and
+/// a 255-byte name has at most 127 labels.
+const MAX_JUMPS: usize = MAX_NAME_LEN / 2;
+
+/// Why a name could not be walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NameError {
+    /// A pointer where none is allowed or pointing forwards, a reserved label type, a label over
+    /// 63 bytes, a name over 255 bytes, or too many jumps.
+    Malformed,
+    /// The message ends inside the name.
+    Truncated,
+}
+
+/// Walks an uncompressed name starting at `start` (a question name: RFC 1035 §4.1.4 allows
+/// pointers only to a prior occurrence, and nothing in a message precedes the question's name).
+/// Returns the offset just past the root label.
+pub(crate) fn skip_uncompressed(msg: &[u8], start: usize) -> Result<usize, NameError> {
+    let mut pos = start;
+    loop {
+        let len = *msg.get(pos).ok_or(NameError::Truncated)?;
+        if len & 0xC0 != 0 {
+            // A pointer, or the reserved label types 0b01 and 0b10.
+            return Err(NameError::Malformed);
+        }
+        let next = pos + 1 + usize::from(len);
+        if next - start > MAX_NAME_LEN {
+            return Err(NameError::Malformed);
+        }
+        if len == 0 {
+            return Ok(next);
+        }
+        pos = next;
+    }
+}
+
+/// Walks a possibly compressed name starting at `start`. Returns the offset just past the name's
+/// own bytes at `start` (after its first pointer, or after its root label), having checked the
+/// whole name, pointers followed.
+pub(crate) fn skip(msg: &[u8], start: usize) -> Result<usize, NameError> {
+    let mut pos = start;
+    // Start of the run of labels being read: the next pointer must point before it.
+    let mut run_start = start;
+    // Where the name ends in the record stream, once a pointer has been taken.
+    let mut end = None;
+    let mut wire_len = 0usize;
+    let mut jumps = 0usize;
+    loop {
+        let len = *msg.get(pos).ok_or(NameError::Truncated)?;
+        match len & 0xC0 {
+            0x00 => {
+                wire_len += 1 + usize::from(len);
+                if wire_len > MAX_NAME_LEN {
+                    return Err(NameError::Malformed);
+                }
+                if len == 0 {
+                    return Ok(end.unwrap_or(pos + 1));
+                }
+                pos += 1 + usize::from(len);
+            }
+            0xC0 => {
+                let low = *msg.get(pos + 1).ok_or(NameError::Truncated)?;
+                let target = usize::from(len & 0x3F) << 8 | usize::from(low);
+                jumps += 1;
+                if target >= run_start || jumps > MAX_JUMPS {
+                    return Err(NameError::Malformed);
+                }
+                end.get_or_insert(pos + 2);
+                pos = target;
+                run_start = target;
+            }
+            _ => return Err(NameError::Malformed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `example.com.` in wire form.
+    const EXAMPLE: &[u8] = b"\x07example\x03com\x00";
+
+    #[test]
+    fn uncompressed_name_ends_after_root_label() {
+        let mut msg = vec![0u8; 12];
+        msg.extend_from_slice(EXAMPLE);
+        msg.extend_from_slice(&[0, 1, 0, 1]);
+        assert_eq!(skip_uncompressed(&msg, 12), Ok(12 + EXAMPLE.len()));
+        assert_eq!(skip(&msg, 12), Ok(12 + EXAMPLE.len()));
+    }
+
+    #[test]
+    fn root_name_is_one_byte() {
+        assert_eq!(skip_uncompressed(&[0], 0), Ok(1));
+        assert_eq!(skip(&[0], 0), Ok(1));
+    }
+
+    #[test]
+    fn pointer_rejected_in_uncompressed_name() {
+        let mut msg = EXAMPLE.to_vec();
+        msg.extend_from_slice(&[0xC0, 0x00]);
+        assert_eq!(
+            skip_uncompressed(&msg, EXAMPLE.len()),
+            Err(NameError::Malformed)
+        );
+    }
+
+    #[test]
+    fn backward_pointer_followed_and_name_ends_after_it() {
+        let mut msg = EXAMPLE.to_vec();
+        let start = msg.len();
+        msg.extend_from_slice(b"\x03www\xC0\x00");
+        assert_eq!(skip(&msg, start), Ok(msg.len()));
+        // Pointer to the middle of a name: `com.`.
+        let start = msg.len();
+        msg.extend_from_slice(&[0xC0, 0x08]);
+        assert_eq!(skip(&msg, start), Ok(msg.len()));
+    }
+
+    #[test]
+    fn forward_pointer_rejected() {
+        let mut msg = vec![0xC0, 0x02];
+        msg.extend_from_slice(EXAMPLE);
+        assert_eq!(skip(&msg, 0), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn self_pointer_rejected() {
+        assert_eq!(skip(&[0xC0, 0x00], 0), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn pointer_loop_rejected() {
+        // 0: label "a" then a pointer back to 0: a loop that only labels could keep going.
+        let msg = [0x01, b'a', 0xC0, 0x00];
+        assert_eq!(skip(&msg, 0), Err(NameError::Malformed));
+        // A pointer at 4 to 0, whose run contains a pointer back to itself.
+        let msg = [0x01, b'a', 0xC0, 0x04, 0xC0, 0x00];
+        assert_eq!(skip(&msg, 4), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn pointer_into_a_longer_run_cannot_loop() {
+        // Label at 0 covers bytes 1..=4; the pointer at 5 goes back to 0 and the walk reads the
+        // same pointer again: the second jump is not before the run it is in.
+        let msg = [0x04, b'a', b'b', b'c', b'd', 0xC0, 0x00];
+        assert_eq!(skip(&msg, 5), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn label_of_64_bytes_rejected() {
+        let mut msg = vec![64u8];
+        msg.extend_from_slice(&[b'a'; 64]);
+        msg.push(0);
+        assert_eq!(skip_uncompressed(&msg, 0), Err(NameError::Malformed));
+        assert_eq!(skip(&msg, 0), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn label_of_63_bytes_accepted() {
+        let mut msg = vec![63u8];
+        msg.extend_from_slice(&[b'a'; 63]);
+        msg.push(0);
+        assert_eq!(skip_uncompressed(&msg, 0), Ok(65));
+    }
+
+    #[test]
+    fn reserved_label_types_rejected() {
+        for first in [0x41u8, 0x80] {
+            let msg = [first, 0, 0, 0];
+            assert_eq!(skip_uncompressed(&msg, 0), Err(NameError::Malformed));
+            assert_eq!(skip(&msg, 0), Err(NameError::Malformed));
+        }
+    }
+
+    /// A name of exactly `len` bytes in wire form (len ≥ 1), in labels of up to 63 bytes.
+    fn name_of_len(len: usize) -> Vec<u8> {
+        let mut name = Vec::new();
+        let mut left = len - 1;
+        while left > 0 {
+            let label = (left - 1).min(63);
+            // Avoid leaving exactly one byte, which cannot hold a label.
+            let label = if left - 1 - label == 1 {
+                label - 1
+            } else {
+                label
+            };
+            name.push(label as u8);
+            name.extend(std::iter::repeat_n(b'x', label));
+            left -= 1 + label;
+        }
+        name.push(0);
+        assert_eq!(name.len(), len);
+        name
+    }
+
+    #[test]
+    fn name_of_255_bytes_accepted_256_rejected() {
+        let ok = name_of_len(255);
+        assert_eq!(skip_uncompressed(&ok, 0), Ok(255));
+        assert_eq!(skip(&ok, 0), Ok(255));
+        let long = name_of_len(256);
+        assert_eq!(skip_uncompressed(&long, 0), Err(NameError::Malformed));
+        assert_eq!(skip(&long, 0), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn compressed_name_over_255_bytes_rejected() {
+        // 200 bytes of labels, then a pointer to another 200-byte name: 399 bytes expanded.
+        let mut msg = name_of_len(200);
+        let start = msg.len();
+        msg.extend_from_slice(&name_of_len(200)[..199]);
+        msg.extend_from_slice(&[0xC0, 0x00]);
+        assert_eq!(skip(&msg, start), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn name_running_past_the_end_is_truncated() {
+        assert_eq!(skip_uncompressed(b"\x07exam", 0), Err(NameError::Truncated));
+        assert_eq!(skip(b"\x07example", 0), Err(NameError::Truncated));
+        assert_eq!(
+            skip(b"\x07example\x03com\x00\xC0", 13),
+            Err(NameError::Truncated)
+        );
+        assert_eq!(skip(&[], 0), Err(NameError::Truncated));
+    }
+}

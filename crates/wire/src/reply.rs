@@ -1,6 +1,7 @@
 //! Upstream replies: validated and indexed once, then copied and patched for every hit.
 
-use crate::Query;
+use crate::octets::{get16, header};
+use crate::{HEADER_LEN, Query, name};
 
 /// An upstream reply ready to be served any number of times.
 ///
@@ -70,9 +71,25 @@ pub struct TtlRule {
 
 /// Whether two messages carry the same question, names compared case-insensitively
 /// (RFC 4343). Used to accept an upstream reply only for the query that was sent.
+///
+/// Each message must hold exactly one question with an uncompressed name; anything else
+/// compares unequal.
 pub fn same_question(a: &[u8], b: &[u8]) -> bool {
-    let _ = (a, b);
-    todo!()
+    match (question(a), question(b)) {
+        // Label length bytes are at most 63, below b'A', so a byte-wise ASCII case-insensitive
+        // comparison compares the label structure exactly and the label text without case.
+        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        _ => false,
+    }
+}
+
+/// The question's bytes (name, type, class) of a message with QDCOUNT 1.
+fn question(msg: &[u8]) -> Option<&[u8]> {
+    if get16(msg, header::QDCOUNT)? != 1 {
+        return None;
+    }
+    let name_end = name::skip_uncompressed(msg, HEADER_LEN).ok()?;
+    msg.get(HEADER_LEN..name_end.checked_add(4)?)
 }
 
 impl Reply {
@@ -110,5 +127,44 @@ impl Reply {
     pub fn write_answer(&self, query: &Query<'_>, ttl: TtlRule, limit: usize, out: &mut Vec<u8>) {
         let _ = (query, ttl, limit, out);
         todo!()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(qdcount: u16, question: &[u8]) -> Vec<u8> {
+        let mut msg = vec![0x12, 0x34, 0x81, 0x80, 0, 0, 0, 0, 0, 0, 0, 0];
+        msg[4..6].copy_from_slice(&qdcount.to_be_bytes());
+        msg.extend_from_slice(question);
+        msg
+    }
+
+    #[test]
+    fn same_question_ignores_name_case() {
+        let a = message(1, b"\x07ExAmple\x03COM\x00\x00\x01\x00\x01");
+        let b = message(1, b"\x07example\x03com\x00\x00\x01\x00\x01extra");
+        assert!(same_question(&a, &b));
+    }
+
+    #[test]
+    fn same_question_compares_type_class_and_labels() {
+        let a = message(1, b"\x07example\x03com\x00\x00\x01\x00\x01");
+        let other_type = message(1, b"\x07example\x03com\x00\x00\x1c\x00\x01");
+        let other_class = message(1, b"\x07example\x03com\x00\x00\x01\x00\x03");
+        let other_labels = message(1, b"\x07example\x02co\x01m\x00\x00\x01\x00\x01");
+        assert!(!same_question(&a, &other_type));
+        assert!(!same_question(&a, &other_class));
+        assert!(!same_question(&a, &other_labels));
+    }
+
+    #[test]
+    fn same_question_false_for_malformed_messages() {
+        let a = message(1, b"\x07example\x03com\x00\x00\x01\x00\x01");
+        assert!(!same_question(&a, &message(2, &a[12..])));
+        assert!(!same_question(&a, &a[..a.len() - 1]));
+        assert!(!same_question(&a, &a[..5]));
+        assert!(!same_question(&message(1, b"\xc0\x0c\x00\x01\x00\x01"), &a));
     }
 }
