@@ -1,7 +1,19 @@
 //! Cache keys and the upstream query built from one.
 
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use crate::name;
+use crate::octets::{get16, push_opt, set16};
+use crate::{HEADER_LEN, flags};
+
 /// Longest key: a full-length qname, qtype, qclass and one flags byte.
 pub const KEY_CAP: usize = crate::MAX_NAME_LEN + 5;
+
+/// Bit of the key's flags byte for DO (RFC 3225).
+const KEY_DO: u8 = 0b01;
+/// Bit of the key's flags byte for CD (RFC 4035 §3.2.2).
+const KEY_CD: u8 = 0b10;
 
 /// What a cached answer is filed under: the lowercased qname in wire form, then qtype and qclass
 /// (big-endian), then one byte of flags (bit 0: DO, bit 1: CD).
@@ -15,17 +27,271 @@ pub struct Key {
     buf: [u8; KEY_CAP],
 }
 
+/// The key's flags byte.
+pub(crate) fn flag_bits(dnssec_ok: bool, checking_disabled: bool) -> u8 {
+    (if dnssec_ok { KEY_DO } else { 0 }) | (if checking_disabled { KEY_CD } else { 0 })
+}
+
 impl Key {
+    /// Builds a key from a question's parts. `qname` must be an uncompressed wire name of at
+    /// most 255 bytes (as [`crate::Query::qname`] returns); a longer one is cut, never a panic.
+    pub(crate) fn new(qname: &[u8], qtype: u16, qclass: u16, flag_bits: u8) -> Key {
+        let mut buf = [0u8; KEY_CAP];
+        let name_len = qname.len().min(crate::MAX_NAME_LEN);
+        let (name, rest) = buf.split_at_mut(name_len);
+        // RFC 4343 §3: names compare case-insensitively in ASCII only. Length bytes (≤ 63) are
+        // below b'A', so lowercasing the whole wire name touches label text only.
+        for (to, from) in name.iter_mut().zip(qname) {
+            *to = from.to_ascii_lowercase();
+        }
+        let [t0, t1] = qtype.to_be_bytes();
+        let [c0, c1] = qclass.to_be_bytes();
+        if let Some(tail) = rest.get_mut(..5) {
+            tail.copy_from_slice(&[t0, t1, c0, c1, flag_bits]);
+        }
+        Key {
+            // At most KEY_CAP (260) bytes.
+            len: (name_len + 5) as u16,
+            buf,
+        }
+    }
+
+    /// Reads a key back from the bytes [`Key::as_bytes`] returned (as the cache stores them).
+    /// Returns `None` unless `bytes` is a well-formed key: an uncompressed name of at most 255
+    /// bytes, qtype, qclass, and a flags byte with only the DO and CD bits.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Key> {
+        let name_end = well_formed(bytes)?;
+        let qname = bytes.get(..name_end)?;
+        let qtype = get16(bytes, name_end)?;
+        let qclass = get16(bytes, name_end + 2)?;
+        let flag_bits = *bytes.get(name_end + 4)?;
+        Some(Key::new(qname, qtype, qclass, flag_bits))
+    }
+
     /// The key's bytes, in the layout above.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len as usize]
+        self.buf.get(..usize::from(self.len)).unwrap_or_default()
     }
+
+    /// The lowercased question name in wire form.
+    pub fn qname(&self) -> &[u8] {
+        self.as_bytes()
+            .get(..usize::from(self.len).saturating_sub(5))
+            .unwrap_or_default()
+    }
+
+    pub fn qtype(&self) -> u16 {
+        get16(self.as_bytes(), self.qname().len()).unwrap_or(0)
+    }
+
+    pub fn qclass(&self) -> u16 {
+        get16(self.as_bytes(), self.qname().len() + 2).unwrap_or(0)
+    }
+
+    /// DO (RFC 3225): the client asked for DNSSEC records.
+    pub fn dnssec_ok(&self) -> bool {
+        self.flag_bits() & KEY_DO != 0
+    }
+
+    /// CD (RFC 4035 §3.2.2): the client disabled DNSSEC validation.
+    pub fn checking_disabled(&self) -> bool {
+        self.flag_bits() & KEY_CD != 0
+    }
+
+    fn flag_bits(&self) -> u8 {
+        self.as_bytes().last().copied().unwrap_or(0)
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key")
+            .field("qname", &Presentation(self.qname()))
+            .field("qtype", &self.qtype())
+            .field("qclass", &self.qclass())
+            .field("dnssec_ok", &self.dnssec_ok())
+            .field("checking_disabled", &self.checking_disabled())
+            .finish()
+    }
+}
+
+/// A wire name shown in presentation form (RFC 1035 §5.1), `\DDD` for bytes that are not
+/// printable.
+struct Presentation<'a>(&'a [u8]);
+
+impl fmt::Debug for Presentation<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"")?;
+        let mut rest = self.0;
+        if rest.first() == Some(&0) {
+            f.write_str(".")?;
+        }
+        while let Some((&len, tail)) = rest.split_first() {
+            if len == 0 {
+                break;
+            }
+            let (label, tail) = tail.split_at(usize::from(len).min(tail.len()));
+            for &b in label {
+                match b {
+                    b'.' | b'\\' | b'"' => write!(f, "\\{}", b as char)?,
+                    0x21..=0x7E => write!(f, "{}", b as char)?,
+                    _ => write!(f, "\\{b:03}")?,
+                }
+            }
+            f.write_str(".")?;
+            rest = tail;
+        }
+        f.write_str("\"")
+    }
+}
+
+/// Checks the key layout; returns where the name ends.
+fn well_formed(key: &[u8]) -> Option<usize> {
+    let name_end = name::skip_uncompressed(key, 0).ok()?;
+    if key.len() != name_end + 5 {
+        return None;
+    }
+    let flag_bits = *key.last()?;
+    (flag_bits & !(KEY_DO | KEY_CD) == 0).then_some(name_end)
 }
 
 /// Writes into `out` (cleared first) the query nodedns sends upstream for a key: ID `id`, RD set,
 /// CD from the key, the key's (lowercased) question, and an OPT record advertising
 /// [`crate::EDNS_UDP_SIZE`] with DO from the key. Returns `None` if `key` is not a well-formed key.
 pub fn build_query(key: &[u8], id: u16, out: &mut Vec<u8>) -> Option<()> {
-    let _ = (key, id, out);
-    todo!()
+    let name_end = well_formed(key)?;
+    let flag_bits = *key.last()?;
+    out.clear();
+    let mut header_flags = flags::RD;
+    if flag_bits & KEY_CD != 0 {
+        header_flags |= flags::CD;
+    }
+    out.extend_from_slice(&[0; HEADER_LEN]);
+    set16(out, 0, id);
+    set16(out, 2, header_flags);
+    set16(out, 4, 1); // QDCOUNT
+    set16(out, 10, 1); // ARCOUNT: the OPT
+    out.extend_from_slice(key.get(..name_end + 4)?);
+    // RFC 6891 §7: a requestor includes an OPT to advertise its payload size; RFC 3225 §3: DO
+    // asks for DNSSEC records.
+    push_opt(out, 0, flag_bits & KEY_DO != 0);
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use hickory_proto::op::MessageType;
+    use hickory_proto::rr::{DNSClass, RecordType};
+
+    use super::*;
+    use crate::testutil::{decode, name};
+
+    fn key(qname: &[u8], flag_bits: u8) -> Key {
+        Key::new(qname, rtype_a(), 1, flag_bits)
+    }
+
+    fn rtype_a() -> u16 {
+        crate::rtype::A
+    }
+
+    #[test]
+    fn build_query_is_what_hickory_reads() {
+        let key = key(b"\x03www\x07example\x03com\x00", KEY_DO | KEY_CD);
+        let mut out = vec![0xAA; 3];
+        build_query(key.as_bytes(), 0x4242, &mut out).unwrap();
+        let msg = decode(&out);
+        assert_eq!(msg.metadata.id, 0x4242);
+        assert_eq!(msg.metadata.message_type, MessageType::Query);
+        assert!(msg.metadata.recursion_desired);
+        assert!(msg.metadata.checking_disabled);
+        assert_eq!(msg.queries.len(), 1);
+        assert_eq!(msg.queries[0].name(), &name("www.example.com."));
+        assert_eq!(msg.queries[0].query_type(), RecordType::A);
+        assert_eq!(msg.queries[0].query_class(), DNSClass::IN);
+        let edns = msg.edns.as_ref().unwrap();
+        assert_eq!(edns.max_payload(), crate::EDNS_UDP_SIZE);
+        assert_eq!(edns.version(), 0);
+        assert!(edns.flags().dnssec_ok);
+    }
+
+    #[test]
+    fn build_query_without_do_or_cd() {
+        let key = key(b"\x07example\x00", 0);
+        let mut out = Vec::new();
+        build_query(key.as_bytes(), 1, &mut out).unwrap();
+        let msg = decode(&out);
+        assert!(!msg.metadata.checking_disabled);
+        assert!(!msg.edns.unwrap().flags().dnssec_ok);
+    }
+
+    #[test]
+    fn build_query_rejects_malformed_keys() {
+        let mut out = Vec::new();
+        let good = key(b"\x07example\x00", KEY_DO).as_bytes().to_vec();
+        assert!(build_query(&good, 1, &mut out).is_some());
+        assert!(build_query(&good[..good.len() - 1], 1, &mut out).is_none());
+        let mut long = good.clone();
+        long.push(0);
+        assert!(build_query(&long, 1, &mut out).is_none());
+        let mut bad_flags = good.clone();
+        *bad_flags.last_mut().unwrap() = 0x04;
+        assert!(build_query(&bad_flags, 1, &mut out).is_none());
+        assert!(build_query(b"\xc0\x00\x00\x01\x00\x01\x00", 1, &mut out).is_none());
+        assert!(build_query(&[], 1, &mut out).is_none());
+    }
+
+    #[test]
+    fn key_round_trips_through_bytes() {
+        let original = key(b"\x03www\x07example\x00", KEY_CD);
+        let back = Key::from_bytes(original.as_bytes()).unwrap();
+        assert_eq!(back, original);
+        assert!(back.checking_disabled());
+        assert!(!back.dnssec_ok());
+        assert!(Key::from_bytes(b"\x03www").is_none());
+    }
+
+    #[test]
+    fn key_lowercases_ascii_only() {
+        // RFC 4343 §3: only A-Z fold; 0xC4 (Ä in Latin-1) stays as it is.
+        let key = key(b"\x03A\xc4z\x00", 0);
+        assert_eq!(key.qname(), b"\x03a\xc4z\x00");
+    }
+
+    #[test]
+    fn key_debug_shows_the_name_in_presentation_form() {
+        let text = format!("{:?}", key(b"\x03w.w\x07example\x00", KEY_DO));
+        assert!(text.contains(r#"qname: "w\.w.example.""#), "{text}");
+        assert!(text.contains("qtype: 1"), "{text}");
+        assert!(text.contains("dnssec_ok: true"), "{text}");
+        let root = format!("{:?}", key(b"\x00", 0));
+        assert!(root.contains(r#"qname: ".""#), "{root}");
+    }
+
+    #[test]
+    fn full_length_name_fits_the_key() {
+        let mut qname = Vec::new();
+        for len in [63u8, 63, 63, 61] {
+            qname.push(len);
+            qname.extend(std::iter::repeat_n(b'x', usize::from(len)));
+        }
+        qname.push(0);
+        let key = key(&qname, KEY_DO);
+        assert_eq!(key.as_bytes().len(), KEY_CAP);
+        assert_eq!(key.qname(), &qname[..]);
+        assert!(key.dnssec_ok());
+    }
 }

@@ -27,10 +27,12 @@ mod octets;
 mod query;
 mod reply;
 mod synth;
+#[cfg(test)]
+mod testutil;
 
 pub mod frame;
 
-pub use key::{Key, build_query};
+pub use key::{KEY_CAP, Key, build_query};
 pub use query::{Edns, ParseError, Query};
 pub use reply::{Info, Reply, ReplyError, TtlRule, same_question};
 pub use synth::{write_error, write_formerr};
