@@ -99,3 +99,78 @@ fn knot_truncates_large_answers_over_udp() {
     assert!(out.has_flag("tc"), "{}", out.raw);
     assert!(out.edns_udp.is_some(), "{}", out.raw);
 }
+
+#[tokio::test]
+async fn scripted_upstream_follows_its_script_and_counts() {
+    use nodedns_integration::scripted::{Action, Options, Scripted};
+    use std::time::{Duration, Instant};
+
+    let upstream = Scripted::start_with(
+        Options {
+            close_after: Some(2),
+        },
+        |query, ctx| match client::qname(query).as_str() {
+            "slow.test." => Action::a([192, 0, 2, 2].into(), 60).after(Duration::from_millis(300)),
+            "fail.test." => Action::Rcode(ResponseCode::ServFail),
+            "reset.test." if ctx.nth == 1 => Action::Reset,
+            "tc.test." => Action::Truncated,
+            "none.test." => Action::NxDomain {
+                soa_ttl: 30,
+                minimum: 60,
+            },
+            _ => Action::a([192, 0, 2, 1].into(), 60),
+        },
+    )
+    .unwrap();
+    let addr = upstream.addr();
+
+    let reply = client::udp(addr, &client::query("Any.Test.", RecordType::A))
+        .await
+        .unwrap();
+    assert_eq!(reply.answers.len(), 1);
+    assert_eq!(client::qname(&reply), "Any.Test.");
+
+    let started = Instant::now();
+    let reply = client::tcp(addr, &client::query("slow.test.", RecordType::A))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(reply.answers.len(), 1);
+
+    let reply = client::udp(addr, &client::query("fail.test.", RecordType::A))
+        .await
+        .unwrap();
+    assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+    let reply = client::udp(addr, &client::query("tc.test.", RecordType::A))
+        .await
+        .unwrap();
+    assert!(reply.metadata.truncation);
+    let reply = client::tcp(addr, &client::query("none.test.", RecordType::A))
+        .await
+        .unwrap();
+    assert_eq!(reply.metadata.response_code, ResponseCode::NXDomain);
+    assert_eq!(reply.authorities.len(), 1);
+
+    // The first query for reset.test. gets a RST, the second an answer.
+    let first = client::tcp(addr, &client::query("reset.test.", RecordType::A)).await;
+    assert!(first.is_err(), "{first:?}");
+    let second = client::tcp(addr, &client::query("reset.test.", RecordType::A))
+        .await
+        .unwrap();
+    assert_eq!(second.answers.len(), 1);
+
+    // close_after: 2 answers, then FIN, the third pipelined query goes unanswered.
+    let queries: Vec<_> = ["a.test.", "b.test.", "c.test."]
+        .iter()
+        .map(|n| client::query(n, RecordType::A))
+        .collect();
+    assert!(client::tcp_pipelined(addr, &queries).await.is_err());
+
+    assert_eq!(upstream.queries_for("reset.test"), 2);
+    assert_eq!(upstream.queries_for("ANY.TEST."), 1);
+    assert_eq!(upstream.udp_queries(), 3);
+    // slow, none, reset x2, and a, b from the pipelined connection (c was never read).
+    assert_eq!(upstream.tcp_queries(), 6);
+    assert_eq!(upstream.connections(), 5);
+    assert!(upstream.max_open_connections() >= 1);
+}
