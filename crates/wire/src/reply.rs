@@ -1,7 +1,9 @@
 //! Upstream replies: validated and indexed once, then copied and patched for every hit.
 
-use crate::octets::{get16, header};
-use crate::{HEADER_LEN, Query, name};
+use crate::name::{self, NameError};
+use crate::octets::{OPT_LEN, get16, get32, header, push_opt, set16, set32};
+use crate::query::RR_FIXED_LEN;
+use crate::{HEADER_LEN, Query, flags, rtype};
 
 /// An upstream reply ready to be served any number of times.
 ///
@@ -14,6 +16,9 @@ pub struct Reply {
     /// Offsets of the 32-bit TTL field of every record in the answer, authority and additional
     /// sections (OPT excluded: its TTL field holds flags, not a TTL).
     ttls: Box<[u16]>,
+    /// Offset just past the question: `bytes[12..question_end]` is overwritten with the
+    /// client's question on every hit.
+    question_end: u16,
     info: Info,
 }
 
@@ -29,6 +34,7 @@ pub struct Info {
     /// ANCOUNT.
     pub answers: u16,
     /// Smallest TTL over all records in all sections (OPT excluded); `None` if there are none.
+    /// A TTL with its top bit set counts as 0 (RFC 2181 §8).
     pub min_ttl: Option<u32>,
     /// For negative caching (RFC 2308 §5): the first SOA in the authority section gives
     /// min(its TTL, its MINIMUM field). `None` if the authority section has no SOA.
@@ -50,8 +56,9 @@ pub enum ReplyError {
     Truncated,
     #[error("trailing bytes after the message")]
     TrailingBytes,
-    /// More than one OPT, an OPT outside the additional section, or an OPT that is not the last
-    /// record (removing it would move records that later compression pointers might target).
+    /// More than one OPT, an OPT outside the additional section, an OPT whose owner is not the
+    /// root, or an OPT that is not the last record (removing it would move records that later
+    /// compression pointers might target).
     #[error("misplaced OPT record")]
     BadOpt,
     #[error("larger than 65535 bytes")]
@@ -95,10 +102,107 @@ fn question(msg: &[u8]) -> Option<&[u8]> {
 impl Reply {
     /// Validates and indexes an upstream reply: QR set, exactly one question, every name and
     /// record inside the bytes (compression pointers point backwards, loops rejected), at most
-    /// one OPT and only as the last record (it is removed and ARCOUNT lowered). Never panics.
+    /// one OPT and only as the last record (it is removed and ARCOUNT lowered), and the first
+    /// authority SOA's RDATA well-formed (its MINIMUM is read). Other RDATA is copied as it is,
+    /// not interpreted. Never panics.
     pub fn parse(bytes: &[u8]) -> Result<Self, ReplyError> {
-        let _ = bytes;
-        todo!()
+        // Offsets are stored as u16; RFC 1035 §4.2.2 caps a message at 65535 bytes anyway.
+        if bytes.len() > usize::from(u16::MAX) {
+            return Err(ReplyError::TooLarge);
+        }
+        let (Some(flags), Some(qdcount), Some(ancount), Some(nscount), Some(arcount)) = (
+            get16(bytes, header::FLAGS),
+            get16(bytes, header::QDCOUNT),
+            get16(bytes, header::ANCOUNT),
+            get16(bytes, header::NSCOUNT),
+            get16(bytes, header::ARCOUNT),
+        ) else {
+            return Err(ReplyError::ShortHeader);
+        };
+        if flags & flags::QR == 0 {
+            return Err(ReplyError::NotResponse);
+        }
+        if qdcount != 1 {
+            return Err(ReplyError::QuestionCount);
+        }
+        let name_end = name::skip_uncompressed(bytes, HEADER_LEN).map_err(|e| match e {
+            NameError::Malformed => ReplyError::BadName,
+            NameError::Truncated => ReplyError::Truncated,
+        })?;
+        let question_end = name_end + 4;
+        if question_end > bytes.len() {
+            return Err(ReplyError::Truncated);
+        }
+
+        let total = usize::from(ancount) + usize::from(nscount) + usize::from(arcount);
+        // Every record takes at least 11 bytes: do not let a forged count reserve much.
+        let mut ttls = Vec::with_capacity(total.min(bytes.len() / 11));
+        let mut min_ttl: Option<u32> = None;
+        let mut negative_ttl = None;
+        let mut opt = None;
+        let mut pos = question_end;
+        for index in 0..total {
+            let record = Record::read(bytes, pos)?;
+            let section = if index < usize::from(ancount) {
+                Section::Answer
+            } else if index < usize::from(ancount) + usize::from(nscount) {
+                Section::Authority
+            } else {
+                Section::Additional
+            };
+            if record.rr_type == rtype::OPT {
+                // RFC 6891 §6.1.1: one OPT, in the additional section, with the root as owner
+                // (§6.1.2). It must also be last: removing it must not move any other record,
+                // since later names or RDATA could point into what follows it.
+                let is_last = index + 1 == total;
+                if section != Section::Additional || !is_last || record.fixed != pos + 1 {
+                    return Err(ReplyError::BadOpt);
+                }
+                opt = Some((pos, record));
+            } else {
+                let ttl = sane_ttl(record.ttl);
+                min_ttl = Some(min_ttl.map_or(ttl, |min| min.min(ttl)));
+                if section == Section::Authority
+                    && record.rr_type == rtype::SOA
+                    && negative_ttl.is_none()
+                {
+                    // RFC 2308 §5: the TTL of a negative answer is min(SOA TTL, SOA MINIMUM).
+                    let minimum = soa_minimum(bytes, record.rdata, record.end)?;
+                    negative_ttl = Some(ttl.min(sane_ttl(minimum)));
+                }
+                ttls.push(u16::try_from(record.fixed + 4).map_err(|_| ReplyError::TooLarge)?);
+            }
+            pos = record.end;
+        }
+        if pos != bytes.len() {
+            return Err(ReplyError::TrailingBytes);
+        }
+
+        let header_rcode = flags & flags::RCODE_MASK;
+        let (stored, rcode) = match opt {
+            Some((start, record)) => {
+                let mut stored = bytes.get(..start).unwrap_or_default().to_vec();
+                // The OPT is not stored (RFC 6891 §6.1.1: "OPT RRs MUST NOT be cached").
+                set16(&mut stored, header::ARCOUNT, arcount.saturating_sub(1));
+                // RFC 6891 §6.1.3: EXTENDED-RCODE holds the upper 8 bits of a 12-bit RCODE.
+                let extended = (record.ttl >> 24) as u16;
+                (stored, extended << 4 | header_rcode)
+            }
+            None => (bytes.to_vec(), header_rcode),
+        };
+        Ok(Reply {
+            bytes: stored.into_boxed_slice(),
+            ttls: ttls.into_boxed_slice(),
+            question_end: u16::try_from(question_end).map_err(|_| ReplyError::TooLarge)?,
+            info: Info {
+                rcode,
+                truncated: flags & flags::TC != 0,
+                authentic_data: flags & flags::AD != 0,
+                answers: ancount,
+                min_ttl,
+                negative_ttl,
+            },
+        })
     }
 
     pub fn info(&self) -> &Info {
@@ -115,24 +219,683 @@ impl Reply {
         self.bytes.len() + self.ttls.len() * 2
     }
 
-    /// Writes the answer to `query` into `out` (cleared first) and returns the TTL-patched copy's
-    /// length: the stored bytes with the query's ID, RD bit and question bytes (so the client's
-    /// name case comes back as sent), AA set (as CoreDNS's cache does), every TTL patched by
+    /// Writes the answer to `query` into `out` (cleared first): the stored bytes with the query's
+    /// ID, RD bit and question bytes (so the client's name case comes back as sent), AA set (as CoreDNS's cache does), every TTL patched by
     /// `ttl`, and an OPT record advertising [`crate::EDNS_UDP_SIZE`] (DO echoed) only if the
     /// query had one. If the result exceeds `limit`, writes instead the header and question with
-    /// TC set and no records (plus OPT), so the client retries over TCP (RFC 7766 §5).
+    /// TC set and no records (plus OPT), so the client retries over TCP (RFC 7766 §5); that
+    /// short form is written even if it exceeds `limit` (it is under 300 bytes, below any real
+    /// limit). Allocates nothing once `out` has grown to the answer's size.
     ///
     /// `query` must have the same key as the query this reply answers; the question bytes are
     /// copied from it.
     pub fn write_answer(&self, query: &Query<'_>, ttl: TtlRule, limit: usize, out: &mut Vec<u8>) {
-        let _ = (query, ttl, limit, out);
-        todo!()
+        out.clear();
+        let edns = query.edns();
+        let opt_len = if edns.is_some() { OPT_LEN } else { 0 };
+        let question_end = usize::from(self.question_end);
+        // The client's question replaces ours only if it has the same length, as it does when
+        // the keys match (same name up to case, type, class); anything else is a caller bug, and
+        // then our own question is kept rather than shifting every offset.
+        let client_question =
+            Some(query.question()).filter(|q| HEADER_LEN + q.len() == question_end);
+        let full = self.bytes.len() + opt_len <= limit;
+        let body_end = if full { self.bytes.len() } else { question_end };
+        out.reserve(body_end + opt_len);
+        out.extend_from_slice(self.bytes.get(..body_end).unwrap_or_default());
+
+        set16(out, header::ID, query.id());
+        let stored_flags = get16(out, header::FLAGS).unwrap_or(0);
+        // AA as CoreDNS's cache sets it; RD echoed (RFC 1035 §4.1.1); AD, CD, RA and the RCODE
+        // stay the upstream's.
+        let mut flags = (stored_flags | flags::AA) & !flags::RD;
+        if query.rd() {
+            flags |= flags::RD;
+        }
+        if !full {
+            // RFC 1035 §4.2.1 / RFC 6891 §7: what does not fit is cut and TC set, so the client
+            // retries over TCP (RFC 7766 §5). Only the question (and OPT) are kept.
+            flags |= flags::TC;
+            set16(out, header::ANCOUNT, 0);
+            set16(out, header::NSCOUNT, 0);
+            set16(out, header::ARCOUNT, 0);
+        }
+        set16(out, header::FLAGS, flags);
+        if let (Some(question), Some(ours)) =
+            (client_question, out.get_mut(HEADER_LEN..question_end))
+        {
+            // 0x20 case randomization: the client checks its name comes back exactly as sent.
+            ours.copy_from_slice(question);
+        }
+        if full {
+            for &at in self.ttls.iter() {
+                let at = usize::from(at);
+                if let Some(stored) = get32(out, at) {
+                    set32(out, at, stored.saturating_sub(ttl.age).min(ttl.cap));
+                }
+            }
+        }
+        if let Some(edns) = edns {
+            // RFC 6891 §6.1.1: a request with an OPT gets an OPT back; ours, never the upstream's.
+            let extended = (self.info.rcode >> 4) as u8;
+            push_opt(out, extended, edns.dnssec_ok);
+            let arcount = get16(out, header::ARCOUNT).unwrap_or(0);
+            set16(out, header::ARCOUNT, arcount.saturating_add(1));
+        }
     }
+}
+
+/// The sections records are read from (RFC 1035 §4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Answer,
+    Authority,
+    Additional,
+}
+
+/// A resource record located in a message (RFC 1035 §4.1.3).
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    /// Offset of the TYPE field, just past the owner name.
+    fixed: usize,
+    rr_type: u16,
+    ttl: u32,
+    /// Offset of the RDATA.
+    rdata: usize,
+    /// Offset just past the RDATA.
+    end: usize,
+}
+
+impl Record {
+    fn read(msg: &[u8], pos: usize) -> Result<Record, ReplyError> {
+        let fixed = name::skip(msg, pos).map_err(|e| match e {
+            NameError::Malformed => ReplyError::BadName,
+            NameError::Truncated => ReplyError::Truncated,
+        })?;
+        let (Some(rr_type), Some(ttl), Some(rdlen)) = (
+            get16(msg, fixed),
+            get32(msg, fixed + 4),
+            get16(msg, fixed + 8),
+        ) else {
+            return Err(ReplyError::Truncated);
+        };
+        let rdata = fixed + RR_FIXED_LEN;
+        let end = rdata + usize::from(rdlen);
+        if end > msg.len() {
+            return Err(ReplyError::Truncated);
+        }
+        Ok(Record {
+            fixed,
+            rr_type,
+            ttl,
+            rdata,
+            end,
+        })
+    }
+}
+
+/// The MINIMUM field of SOA RDATA spanning `rdata..end` (RFC 1035 §3.3.13: MNAME, RNAME, then
+/// five 32-bit fields, MINIMUM last). The names are walked, so RDATA whose names and fields do
+/// not add up to its length is rejected rather than read at a wrong offset.
+fn soa_minimum(msg: &[u8], rdata: usize, end: usize) -> Result<u32, ReplyError> {
+    // Names inside RDATA may point anywhere before them, but must not run past the RDATA.
+    let rdata_bytes = msg.get(..end).ok_or(ReplyError::Truncated)?;
+    let walk = |at| {
+        name::skip(rdata_bytes, at).map_err(|e| match e {
+            NameError::Malformed => ReplyError::BadName,
+            NameError::Truncated => ReplyError::Truncated,
+        })
+    };
+    let rname = walk(rdata)?;
+    let fields = walk(rname)?;
+    if fields + 20 != end {
+        return Err(ReplyError::Truncated);
+    }
+    get32(msg, fields + 16).ok_or(ReplyError::Truncated)
+}
+
+/// RFC 2181 §8: a TTL with the most significant bit set is treated as zero.
+fn sane_ttl(ttl: u32) -> u32 {
+    if ttl > i32::MAX as u32 { 0 } else { ttl }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use hickory_proto::op::{Message, ResponseCode};
+    use hickory_proto::rr::rdata::{A, AAAA, CNAME, SOA};
+    use hickory_proto::rr::{RData, Record as HickoryRecord, RecordType};
+
     use super::*;
+    use crate::testutil::{decode, edns, encode, name, query_message, response_to};
+
+    const FOREVER: TtlRule = TtlRule {
+        age: 0,
+        cap: u32::MAX,
+    };
+
+    fn a(owner: &str, ttl: u32, last: u8) -> HickoryRecord {
+        HickoryRecord::from_rdata(name(owner), ttl, RData::A(A(Ipv4Addr::new(10, 0, 0, last))))
+    }
+
+    fn soa(owner: &str, ttl: u32, minimum: u32) -> HickoryRecord {
+        let rdata = SOA::new(
+            name("ns.dns.cluster.local."),
+            name("hostmaster.cluster.local."),
+            1,
+            7200,
+            1800,
+            86400,
+            minimum,
+        );
+        HickoryRecord::from_rdata(name(owner), ttl, RData::SOA(rdata))
+    }
+
+    /// A reply with two A answers (TTLs 300 and 60) to a query for `example.com. A`, with an OPT.
+    fn positive() -> (Message, Message) {
+        let query = query_message(0x1111, "example.com.", RecordType::A, Some((1232, false)));
+        let mut reply = response_to(&query);
+        reply.add_answer(a("example.com.", 300, 1));
+        reply.add_answer(a("example.com.", 60, 2));
+        reply.set_edns(edns(1232, false));
+        (query, reply)
+    }
+
+    fn parse(msg: &Message) -> Reply {
+        Reply::parse(&encode(msg)).unwrap()
+    }
+
+    fn answer(reply: &Reply, query: &[u8], ttl: TtlRule, limit: usize) -> Message {
+        let query = Query::parse(query).unwrap();
+        let mut out = Vec::new();
+        reply.write_answer(&query, ttl, limit, &mut out);
+        decode(&out)
+    }
+
+    #[test]
+    fn parse_strips_the_opt_and_lowers_arcount() {
+        let (_, mut msg) = positive();
+        msg.add_additional(a("ns.example.com.", 10, 3));
+        let reply = parse(&msg);
+        let stored = decode(reply.bytes());
+        assert!(stored.edns.is_none());
+        assert_eq!(stored.additionals.len(), 1);
+        assert_eq!(stored.answers, msg.answers);
+        assert_eq!(reply.bytes().len(), encode(&msg).len() - 11);
+        assert_eq!(reply.heap_size(), reply.bytes().len() + 3 * 2);
+    }
+
+    #[test]
+    fn parse_fills_info() {
+        let (_, mut msg) = positive();
+        msg.metadata.authentic_data = true;
+        msg.add_additional(a("ns.example.com.", 10, 3));
+        let info = *parse(&msg).info();
+        assert_eq!(
+            info,
+            Info {
+                rcode: 0,
+                truncated: false,
+                authentic_data: true,
+                answers: 2,
+                min_ttl: Some(10),
+                negative_ttl: None,
+            }
+        );
+    }
+
+    #[test]
+    fn reply_without_records_has_no_min_ttl() {
+        let (_, mut msg) = positive();
+        msg.answers.clear();
+        msg.metadata.truncation = true;
+        let info = *parse(&msg).info();
+        assert_eq!(info.min_ttl, None);
+        assert_eq!(info.answers, 0);
+        assert!(info.truncated);
+    }
+
+    #[test]
+    fn negative_ttl_is_min_of_soa_ttl_and_minimum() {
+        let query = query_message(1, "nope.cluster.local.", RecordType::A, None);
+        let mut msg = response_to(&query);
+        msg.metadata.response_code = ResponseCode::NXDomain;
+        msg.add_authority(soa("cluster.local.", 30, 5));
+        let info = *parse(&msg).info();
+        assert_eq!(info.rcode, u16::from(crate::rcode::NXDOMAIN));
+        assert_eq!(info.negative_ttl, Some(5));
+        assert_eq!(info.min_ttl, Some(30));
+
+        msg.authorities = vec![soa("cluster.local.", 10, 60), soa("local.", 1, 1)];
+        assert_eq!(
+            parse(&msg).info().negative_ttl,
+            Some(10),
+            "the first SOA counts"
+        );
+    }
+
+    #[test]
+    fn soa_outside_the_authority_section_gives_no_negative_ttl() {
+        let query = query_message(1, "cluster.local.", RecordType::SOA, None);
+        let mut msg = response_to(&query);
+        msg.add_answer(soa("cluster.local.", 30, 5));
+        assert_eq!(parse(&msg).info().negative_ttl, None);
+    }
+
+    #[test]
+    fn ttl_with_top_bit_counts_as_zero_in_info() {
+        let (_, mut msg) = positive();
+        msg.answers[0].ttl = 0x8000_0000;
+        assert_eq!(parse(&msg).info().min_ttl, Some(0));
+    }
+
+    #[test]
+    fn extended_rcode_combines_opt_and_header_bits() {
+        let (_, mut msg) = positive();
+        msg.metadata.response_code = ResponseCode::BADCOOKIE;
+        let bytes = encode(&msg);
+        assert_eq!(bytes[3] & 0xF, 23 & 0xF);
+        assert_eq!(parse(&msg).info().rcode, 23);
+    }
+
+    /// The bytes of a message with `extra` appended as more additional records.
+    fn with_extra_additional(msg: &Message, extra: &[&[u8]]) -> Vec<u8> {
+        let mut bytes = encode(msg);
+        let arcount = u16::from_be_bytes([bytes[10], bytes[11]]) + extra.len() as u16;
+        bytes[10..12].copy_from_slice(&arcount.to_be_bytes());
+        for rr in extra {
+            bytes.extend_from_slice(rr);
+        }
+        bytes
+    }
+
+    /// An A record owned by the question's name (pointer to offset 12).
+    const A_RECORD: &[u8] = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\x0a\x00\x00\x09";
+    const OPT_RECORD: &[u8] = b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00";
+
+    #[test]
+    fn opt_not_last_is_bad_opt() {
+        let (_, msg) = positive();
+        let bytes = with_extra_additional(&msg, &[A_RECORD]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadOpt);
+    }
+
+    #[test]
+    fn two_opts_are_bad_opt() {
+        let (_, msg) = positive();
+        let bytes = with_extra_additional(&msg, &[OPT_RECORD]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadOpt);
+    }
+
+    #[test]
+    fn opt_in_the_answer_section_is_bad_opt() {
+        let (_, mut msg) = positive();
+        msg.answers.clear();
+        msg.edns = None;
+        let mut bytes = encode(&msg);
+        bytes[7] = 1; // ANCOUNT
+        bytes.extend_from_slice(OPT_RECORD);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadOpt);
+    }
+
+    #[test]
+    fn opt_with_a_non_root_owner_is_bad_opt() {
+        let (_, mut msg) = positive();
+        msg.edns = None;
+        let mut opt = b"\xc0\x0c".to_vec();
+        opt.extend_from_slice(&OPT_RECORD[1..]);
+        let bytes = with_extra_additional(&msg, &[&opt]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadOpt);
+    }
+
+    #[test]
+    fn header_errors() {
+        let (query, msg) = positive();
+        let bytes = encode(&msg);
+        assert_eq!(
+            Reply::parse(&bytes[..11]).unwrap_err(),
+            ReplyError::ShortHeader
+        );
+        assert_eq!(
+            Reply::parse(&encode(&query)).unwrap_err(),
+            ReplyError::NotResponse
+        );
+        let mut two = bytes.clone();
+        two[5] = 2;
+        assert_eq!(Reply::parse(&two).unwrap_err(), ReplyError::QuestionCount);
+        let mut big = bytes.clone();
+        big.resize(65536, 0);
+        assert_eq!(Reply::parse(&big).unwrap_err(), ReplyError::TooLarge);
+    }
+
+    #[test]
+    fn every_cut_of_a_reply_is_rejected() {
+        let (_, msg) = positive();
+        let bytes = encode(&msg);
+        for len in HEADER_LEN..bytes.len() {
+            let err = Reply::parse(&bytes[..len]).unwrap_err();
+            assert_eq!(err, ReplyError::Truncated, "cut at {len}");
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_rejected() {
+        let (_, msg) = positive();
+        let mut bytes = encode(&msg);
+        bytes.push(0);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::TrailingBytes);
+    }
+
+    #[test]
+    fn forward_pointer_in_a_record_is_bad_name() {
+        let (_, mut msg) = positive();
+        msg.edns = None;
+        let mut rr = A_RECORD.to_vec();
+        rr[1] = 0xF0;
+        let bytes = with_extra_additional(&msg, &[&rr]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+    }
+
+    #[test]
+    fn pointer_loop_in_a_record_is_bad_name() {
+        let (_, mut msg) = positive();
+        msg.edns = None;
+        let start = encode(&msg).len() as u16;
+        // A name whose first label is followed by a pointer back to that label.
+        let mut rr = vec![1, b'x', 0xC0 | (start >> 8) as u8, start as u8];
+        rr.extend_from_slice(&A_RECORD[2..]);
+        let bytes = with_extra_additional(&msg, &[&rr]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+    }
+
+    #[test]
+    fn soa_whose_rdata_does_not_add_up_is_rejected() {
+        let query = query_message(1, "nope.cluster.local.", RecordType::A, None);
+        let mut msg = response_to(&query);
+        msg.add_authority(soa("cluster.local.", 30, 5));
+        let bytes = encode(&msg);
+        let question_end = name::skip_uncompressed(&bytes, HEADER_LEN).unwrap() + 4;
+        let record = Record::read(&bytes, question_end).unwrap();
+        let rdlen = (record.end - record.rdata) as u16;
+        // One byte more RDATA than the SOA fields take.
+        let mut longer = bytes.clone();
+        longer[record.fixed + 8..record.fixed + 10].copy_from_slice(&(rdlen + 1).to_be_bytes());
+        longer.push(0);
+        assert_eq!(Reply::parse(&longer).unwrap_err(), ReplyError::Truncated);
+        // One byte less: MINIMUM would run past the RDATA.
+        let mut shorter = bytes.clone();
+        shorter[record.fixed + 8..record.fixed + 10].copy_from_slice(&(rdlen - 1).to_be_bytes());
+        shorter.pop();
+        assert_eq!(Reply::parse(&shorter).unwrap_err(), ReplyError::Truncated);
+    }
+
+    #[test]
+    fn write_answer_patches_id_rd_aa_and_ttls() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        let mut query = query_message(0x2222, "example.com.", RecordType::A, None);
+        query.metadata.recursion_desired = false;
+        let out = answer(&reply, &encode(&query), TtlRule { age: 50, cap: 200 }, 512);
+        assert_eq!(out.metadata.id, 0x2222);
+        assert!(!out.metadata.recursion_desired);
+        assert!(out.metadata.authoritative);
+        assert!(out.metadata.recursion_available);
+        assert!(!out.metadata.truncation);
+        let ttls: Vec<u32> = out.answers.iter().map(|r| r.ttl).collect();
+        assert_eq!(ttls, [200, 10]);
+        assert_eq!(out.answers[0].data, msg.answers[0].data);
+    }
+
+    #[test]
+    fn ttls_saturate_at_zero() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        let query = encode(&query_message(2, "example.com.", RecordType::A, None));
+        let out = answer(
+            &reply,
+            &query,
+            TtlRule {
+                age: 100,
+                cap: u32::MAX,
+            },
+            512,
+        );
+        let ttls: Vec<u32> = out.answers.iter().map(|r| r.ttl).collect();
+        assert_eq!(ttls, [200, 0]);
+        let out = answer(
+            &reply,
+            &query,
+            TtlRule {
+                age: u32::MAX,
+                cap: u32::MAX,
+            },
+            512,
+        );
+        assert!(out.answers.iter().all(|r| r.ttl == 0));
+    }
+
+    #[test]
+    fn negative_answers_soa_ttl_is_patched() {
+        let query = query_message(1, "nope.cluster.local.", RecordType::A, None);
+        let mut msg = response_to(&query);
+        msg.metadata.response_code = ResponseCode::NXDomain;
+        msg.add_authority(soa("cluster.local.", 30, 5));
+        let reply = parse(&msg);
+        let out = answer(&reply, &encode(&query), TtlRule { age: 3, cap: 5 }, 512);
+        assert_eq!(out.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(out.authorities[0].ttl, 5);
+        let out = answer(&reply, &encode(&query), TtlRule { age: 28, cap: 5 }, 512);
+        assert_eq!(out.authorities[0].ttl, 2);
+    }
+
+    #[test]
+    fn question_case_is_echoed() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        let query = encode(&query_message(3, "eXaMpLe.CoM.", RecordType::A, None));
+        let mut out = Vec::new();
+        reply.write_answer(&Query::parse(&query).unwrap(), FOREVER, 512, &mut out);
+        let question = Query::parse(&query).unwrap().question();
+        assert_eq!(&out[HEADER_LEN..HEADER_LEN + question.len()], question);
+        assert!(same_question(&out, &query));
+    }
+
+    #[test]
+    fn opt_added_only_when_the_query_had_one() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        let plain = encode(&query_message(4, "example.com.", RecordType::A, None));
+        let out = answer(&reply, &plain, FOREVER, 512);
+        assert!(out.edns.is_none());
+        assert_eq!(out.additionals.len(), 0);
+
+        let with_opt = encode(&query_message(
+            4,
+            "example.com.",
+            RecordType::A,
+            Some((4096, false)),
+        ));
+        let out = answer(&reply, &with_opt, FOREVER, 1232);
+        let opt = out.edns.as_ref().unwrap();
+        assert_eq!(opt.max_payload(), crate::EDNS_UDP_SIZE);
+        assert_eq!(opt.version(), 0);
+        assert!(!opt.flags().dnssec_ok);
+        assert_eq!(out.answers.len(), 2);
+    }
+
+    #[test]
+    fn do_bit_is_echoed() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        let query = encode(&query_message(
+            5,
+            "example.com.",
+            RecordType::A,
+            Some((1232, true)),
+        ));
+        let out = answer(&reply, &query, FOREVER, 1232);
+        assert!(out.edns.unwrap().flags().dnssec_ok);
+    }
+
+    #[test]
+    fn upstream_ad_and_rcode_are_kept() {
+        let (_, mut msg) = positive();
+        msg.metadata.authentic_data = true;
+        msg.metadata.response_code = ResponseCode::ServFail;
+        let reply = parse(&msg);
+        let query = encode(&query_message(
+            6,
+            "example.com.",
+            RecordType::A,
+            Some((1232, false)),
+        ));
+        let out = answer(&reply, &query, FOREVER, 1232);
+        assert!(out.metadata.authentic_data);
+        assert_eq!(out.metadata.response_code, ResponseCode::ServFail);
+    }
+
+    #[test]
+    fn extended_rcode_is_carried_in_our_opt() {
+        let (_, mut msg) = positive();
+        msg.metadata.response_code = ResponseCode::BADCOOKIE;
+        let reply = parse(&msg);
+        let query = encode(&query_message(
+            6,
+            "example.com.",
+            RecordType::A,
+            Some((1232, false)),
+        ));
+        let out = answer(&reply, &query, FOREVER, 1232);
+        assert_eq!(out.metadata.response_code, ResponseCode::BADCOOKIE);
+    }
+
+    /// A reply with `count` AAAA answers (28 bytes each with a compressed owner).
+    fn big(count: u8) -> (Message, Reply) {
+        let query = query_message(7, "big.example.com.", RecordType::AAAA, None);
+        let mut msg = response_to(&query);
+        for i in 0..count {
+            let ip = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(i));
+            let rr = HickoryRecord::from_rdata(name("big.example.com."), 60, RData::AAAA(AAAA(ip)));
+            msg.add_answer(rr);
+        }
+        let reply = parse(&msg);
+        (msg, reply)
+    }
+
+    fn assert_truncated(out: &Message, with_opt: bool) {
+        assert!(out.metadata.truncation);
+        assert_eq!(out.queries.len(), 1);
+        assert!(out.answers.is_empty() && out.authorities.is_empty() && out.additionals.is_empty());
+        assert_eq!(out.edns.is_some(), with_opt);
+    }
+
+    #[test]
+    fn truncated_to_512_without_edns() {
+        let (_, reply) = big(20);
+        assert!(reply.bytes().len() > 512);
+        let query = encode(&query_message(
+            8,
+            "big.example.com.",
+            RecordType::AAAA,
+            None,
+        ));
+        let q = Query::parse(&query).unwrap();
+        let mut out = Vec::new();
+        reply.write_answer(&q, FOREVER, q.udp_limit(), &mut out);
+        assert_eq!(out.len(), HEADER_LEN + q.question().len());
+        assert_truncated(&decode(&out), false);
+        // Over TCP the same reply fits.
+        reply.write_answer(&q, FOREVER, 65535, &mut out);
+        let full = decode(&out);
+        assert!(!full.metadata.truncation);
+        assert_eq!(full.answers.len(), 20);
+    }
+
+    #[test]
+    fn truncated_to_the_clients_size_with_edns() {
+        let (_, reply) = big(30); // 33 + 30 * 28 = 873 bytes, + 11 for the OPT.
+        let size = |udp| {
+            let query = encode(&query_message(
+                9,
+                "big.example.com.",
+                RecordType::AAAA,
+                Some((udp, false)),
+            ));
+            let q = Query::parse(&query).unwrap();
+            let mut out = Vec::new();
+            reply.write_answer(&q, FOREVER, q.udp_limit(), &mut out);
+            out
+        };
+        let small = size(800);
+        assert_eq!(small.len(), HEADER_LEN + 21 + 11);
+        assert_truncated(&decode(&small), true);
+        let fits = decode(&size(1232));
+        assert!(!fits.metadata.truncation);
+        assert_eq!(fits.answers.len(), 30);
+        // Exactly at the limit is not truncated.
+        let exact = reply.bytes().len() + 11;
+        let query = encode(&query_message(
+            9,
+            "big.example.com.",
+            RecordType::AAAA,
+            Some((1232, false)),
+        ));
+        let mut out = Vec::new();
+        reply.write_answer(&Query::parse(&query).unwrap(), FOREVER, exact, &mut out);
+        assert!(!decode(&out).metadata.truncation);
+        reply.write_answer(&Query::parse(&query).unwrap(), FOREVER, exact - 1, &mut out);
+        assert_truncated(&decode(&out), true);
+    }
+
+    #[test]
+    fn write_answer_does_not_reallocate_a_warm_buffer() {
+        let (_, reply) = big(10);
+        let query = encode(&query_message(
+            10,
+            "big.example.com.",
+            RecordType::AAAA,
+            Some((1232, true)),
+        ));
+        let q = Query::parse(&query).unwrap();
+        let mut out = Vec::new();
+        reply.write_answer(&q, FOREVER, 65535, &mut out);
+        let (ptr, capacity) = (out.as_ptr(), out.capacity());
+        for age in 0..5 {
+            reply.write_answer(&q, TtlRule { age, cap: 30 }, 65535, &mut out);
+            assert_eq!((out.as_ptr(), out.capacity()), (ptr, capacity));
+        }
+    }
+
+    #[test]
+    fn question_of_another_length_is_not_copied() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        let other = encode(&query_message(11, "www.example.com.", RecordType::A, None));
+        let out = answer(&reply, &other, FOREVER, 512);
+        assert_eq!(out.queries, msg.queries);
+        assert_eq!(out.metadata.id, 11);
+    }
+
+    #[test]
+    fn cname_chain_with_compression_survives() {
+        let query = query_message(12, "Www.Example.com.", RecordType::A, Some((1232, false)));
+        let mut msg = response_to(&query);
+        let cname = RData::CNAME(CNAME(name("web.example.com.")));
+        msg.add_answer(HickoryRecord::from_rdata(
+            name("www.example.com."),
+            100,
+            cname,
+        ));
+        msg.add_answer(a("web.example.com.", 50, 7));
+        msg.set_edns(edns(1232, false));
+        let reply = parse(&msg);
+        let out = answer(&reply, &encode(&query), TtlRule { age: 10, cap: 60 }, 1232);
+        assert_eq!(out.answers.len(), 2);
+        assert_eq!(out.answers[0].data, msg.answers[0].data);
+        assert_eq!(out.answers[0].ttl, 60);
+        assert_eq!(out.answers[1].ttl, 40);
+    }
 
     fn message(qdcount: u16, question: &[u8]) -> Vec<u8> {
         let mut msg = vec![0x12, 0x34, 0x81, 0x80, 0, 0, 0, 0, 0, 0, 0, 0];

@@ -19,10 +19,7 @@ pub(crate) fn query_message(
     msg.metadata.recursion_desired = true;
     msg.add_query(Question::query(name(qname), qtype));
     if let Some((size, dnssec_ok)) = edns {
-        let mut opt = HickoryEdns::new();
-        opt.set_max_payload(size);
-        opt.set_dnssec_ok(dnssec_ok);
-        msg.set_edns(opt);
+        msg.set_edns(self::edns(size, dnssec_ok));
     }
     msg
 }
@@ -33,4 +30,21 @@ pub(crate) fn encode(msg: &Message) -> Vec<u8> {
 
 pub(crate) fn decode(bytes: &[u8]) -> Message {
     Message::from_vec(bytes).expect("hickory decodes our output")
+}
+
+/// A response to `query` (same ID and question), RD and RA set, no records yet.
+pub(crate) fn response_to(query: &Message) -> Message {
+    let mut msg = Message::new(query.metadata.id, MessageType::Response, OpCode::Query);
+    msg.metadata.recursion_desired = query.metadata.recursion_desired;
+    msg.metadata.recursion_available = true;
+    msg.add_queries(query.queries.iter().cloned());
+    msg
+}
+
+/// An OPT advertising `size`, with DO.
+pub(crate) fn edns(size: u16, dnssec_ok: bool) -> HickoryEdns {
+    let mut opt = HickoryEdns::new();
+    opt.set_max_payload(size);
+    opt.set_dnssec_ok(dnssec_ok);
+    opt
 }
