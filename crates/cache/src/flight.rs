@@ -4,6 +4,18 @@
 //! fetching. It is generic over the waiter so the cache never learns what a client is; the leader
 //! takes the waiters when the answer is in (after inserting it, so a query arriving in between
 //! finds the cache filled) and answers each.
+//!
+//! The table is split into shards by key hash, each a `std::sync::Mutex` held only for one map
+//! lookup and a push or a take: no lock is ever held across a fetch or an `.await`, so a plain
+//! blocking mutex is cheaper than an async one and cannot deadlock the runtime.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Shards in the table; a power of two so the shard is a mask of the hash. 16 shards keep two
+/// workers on different keys from meeting on one lock almost always, at 16 small maps of memory.
+const SHARDS: usize = 16;
 
 /// Whether the caller leads the fetch or joined one already under way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,38 +24,176 @@ pub enum Joined {
     Leader,
     /// The caller's waiter was queued; the leader will answer it.
     Follower,
-    /// The key already has the maximum number of waiters; the waiter was not queued.
+    /// The key already has the maximum number of waiters; the waiter was not queued (it is
+    /// dropped: a channel sender used as waiter closes, and its receiver learns at once).
     Full,
 }
+
+type Shard<W> = Mutex<HashMap<Box<[u8]>, Vec<W>>>;
 
 /// The table of fetches in progress.
 #[derive(Debug)]
 pub struct Flights<W> {
-    _w: std::marker::PhantomData<W>,
+    shards: Box<[Shard<W>]>,
+    /// Picks the shard; random per table so that no one can aim many keys at one shard.
+    hasher: RandomState,
+    max_waiters: usize,
 }
 
 impl<W> Flights<W> {
-    /// `max_waiters` bounds the waiters queued behind one key.
+    /// `max_waiters` bounds the waiters queued behind one key, the leader's included (the
+    /// leader's own waiter is always queued, even when the bound is 0 or 1).
     pub fn new(max_waiters: usize) -> Self {
-        let _ = max_waiters;
-        todo!()
+        Flights {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            max_waiters,
+        }
     }
 
     /// Joins the fetch for `key`: the first caller becomes the leader (its `waiter` is queued too),
     /// later callers followers.
     pub fn join(&self, key: &[u8], waiter: W) -> Joined {
-        let _ = (key, waiter);
-        todo!()
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(waiters) if waiters.len() >= self.max_waiters => Joined::Full,
+            Some(waiters) => {
+                waiters.push(waiter);
+                Joined::Follower
+            }
+            None => {
+                shard.insert(key.into(), vec![waiter]);
+                Joined::Leader
+            }
+        }
     }
 
-    /// Ends the fetch for `key` and returns every queued waiter (the leader's first).
+    /// Ends the fetch for `key` and returns every queued waiter (the leader's first). Empty if
+    /// no fetch for `key` was in progress.
     pub fn complete(&self, key: &[u8]) -> Vec<W> {
-        let _ = key;
-        todo!()
+        self.shard(key).remove(key).unwrap_or_default()
     }
 
     /// Keys with a fetch in progress, and waiters queued in all.
     pub fn len(&self) -> (usize, usize) {
-        todo!()
+        self.shards.iter().fold((0, 0), |(keys, waiters), shard| {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                keys + shard.len(),
+                waiters + shard.values().map(Vec::len).sum::<usize>(),
+            )
+        })
+    }
+
+    /// True when no fetch is in progress.
+    pub fn is_empty(&self) -> bool {
+        self.len().0 == 0
+    }
+
+    fn shard(&self, key: &[u8]) -> MutexGuard<'_, HashMap<Box<[u8]>, Vec<W>>> {
+        // Truncating the hash is the point: the low bits pick the shard.
+        let index = self.hasher.hash_one(key) as usize & (SHARDS - 1);
+        // A panic while holding a shard lock cannot leave the map half-updated (every critical
+        // section is a single map operation), so a poisoned lock is safe to keep using.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifty_joins_make_one_leader_and_forty_nine_followers() {
+        let flights = Flights::new(64);
+        let joined: Vec<Joined> = (0..50).map(|i| flights.join(b"key", i)).collect();
+        assert_eq!(joined[0], Joined::Leader);
+        assert!(joined[1..].iter().all(|j| *j == Joined::Follower));
+        assert_eq!(flights.len(), (1, 50));
+        let waiters = flights.complete(b"key");
+        assert_eq!(
+            waiters,
+            (0..50).collect::<Vec<_>>(),
+            "leader's waiter first, then in order"
+        );
+        assert_eq!(flights.len(), (0, 0));
+        assert!(flights.is_empty());
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let flights = Flights::new(8);
+        assert_eq!(flights.join(b"a", 1), Joined::Leader);
+        assert_eq!(flights.join(b"b", 2), Joined::Leader);
+        assert_eq!(flights.join(b"a", 3), Joined::Follower);
+        assert_eq!(flights.len(), (2, 3));
+        assert_eq!(flights.complete(b"a"), [1, 3]);
+        assert_eq!(
+            flights.join(b"b", 4),
+            Joined::Follower,
+            "b's fetch is still under way"
+        );
+        assert_eq!(flights.complete(b"b"), [2, 4]);
+    }
+
+    #[test]
+    fn join_after_complete_leads_a_new_fetch() {
+        let flights = Flights::new(8);
+        assert_eq!(flights.join(b"k", 1), Joined::Leader);
+        assert_eq!(flights.complete(b"k"), [1]);
+        assert_eq!(flights.join(b"k", 2), Joined::Leader);
+    }
+
+    #[test]
+    fn complete_without_fetch_returns_nothing() {
+        let flights: Flights<u8> = Flights::new(8);
+        assert!(flights.complete(b"none").is_empty());
+    }
+
+    #[test]
+    fn full_at_the_bound() {
+        let flights = Flights::new(3);
+        assert_eq!(flights.join(b"k", 1), Joined::Leader);
+        assert_eq!(flights.join(b"k", 2), Joined::Follower);
+        assert_eq!(flights.join(b"k", 3), Joined::Follower);
+        assert_eq!(flights.join(b"k", 4), Joined::Full);
+        assert_eq!(
+            flights.join(b"other", 5),
+            Joined::Leader,
+            "the bound is per key"
+        );
+        assert_eq!(flights.complete(b"k"), [1, 2, 3]);
+    }
+
+    #[test]
+    fn leader_is_queued_even_with_no_room_for_followers() {
+        let flights = Flights::new(0);
+        assert_eq!(flights.join(b"k", 1), Joined::Leader);
+        assert_eq!(flights.join(b"k", 2), Joined::Full);
+        assert_eq!(flights.complete(b"k"), [1]);
+    }
+
+    #[test]
+    fn concurrent_joins_elect_exactly_one_leader() {
+        let flights = Flights::new(1000);
+        let leaders = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (flights, leaders) = (&flights, &leaders);
+                s.spawn(move || {
+                    for i in 0..100 {
+                        if flights.join(b"shared", t * 100 + i) == Joined::Leader {
+                            leaders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(leaders.into_inner(), 1);
+        let mut waiters = flights.complete(b"shared");
+        waiters.sort_unstable();
+        assert_eq!(waiters, (0..400).collect::<Vec<_>>());
     }
 }

@@ -3,11 +3,22 @@
 
 use std::time::Duration;
 
+/// The largest TTL a record may carry: values with the top bit set are treated as 0
+/// (RFC 2181 §8), so no lifetime bound above this can take effect.
+pub const MAX_TTL: u32 = 0x7fff_ffff;
+
 /// Lower and upper bound, in seconds, for the lifetime of one class of entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Clamp {
     pub min: u32,
     pub max: u32,
+}
+
+impl Clamp {
+    /// `ttl` moved into `[min, max]`.
+    pub fn apply(&self, ttl: u32) -> u32 {
+        ttl.max(self.min).min(self.max)
+    }
 }
 
 /// Serve-stale (RFC 8767): answer from an expired entry when upstream cannot answer.
@@ -25,8 +36,20 @@ pub struct Stale {
 pub struct Prefetch {
     /// Hits an entry needs (since it was stored) to be worth refreshing.
     pub amount: u32,
-    /// Refresh once the remaining lifetime is at most this percentage of the stored TTL.
+    /// Refresh once the remaining lifetime is at most this percentage of the stored TTL
+    /// (and in any case during the entry's last second, so short entries are refreshed too).
     pub percentage: u8,
+}
+
+impl Prefetch {
+    /// Remaining lifetime, in seconds, at or below which an entry of lifetime `ttl` is due:
+    /// `percentage`% of `ttl`, rounded down, but at least 1 s. Without the floor a 5 s entry at
+    /// 10 % would never be due (0.5 s rounds to 0, and a fresh entry always has ≥ 1 s left).
+    pub fn threshold(&self, ttl: u32) -> u32 {
+        let share = u64::from(ttl) * u64::from(self.percentage) / 100;
+        // `share` ≤ `ttl` while percentage ≤ 100 (`validate`); saturate rather than trust that.
+        u32::try_from(share).unwrap_or(u32::MAX).max(1)
+    }
 }
 
 /// Everything that decides what one cache keeps.
@@ -40,7 +63,9 @@ pub struct Policy {
     pub denial: Clamp,
     /// How long a SERVFAIL from upstream is kept (CoreDNS: 5 s; 0 disables).
     pub servfail_ttl: u32,
+    /// `None`: an expired entry is never served.
     pub stale: Option<Stale>,
+    /// `None`: entries are only refreshed by the miss after they expire.
     pub prefetch: Option<Prefetch>,
 }
 
@@ -55,13 +80,175 @@ impl Default for Policy {
     /// CoreDNS's `cache` defaults: success [5 s, 3600 s], denial [5 s, 1800 s], SERVFAIL 5 s,
     /// no serve-stale, no prefetch; 16 MiB.
     fn default() -> Self {
-        todo!()
+        Policy {
+            capacity_bytes: 16 * 1024 * 1024,
+            success: Clamp { min: 5, max: 3600 },
+            denial: Clamp { min: 5, max: 1800 },
+            servfail_ttl: 5,
+            stale: None,
+            prefetch: None,
+        }
     }
 }
 
 impl Policy {
     /// Checks every field at once (min ≤ max, percentage in 1..=100, capacity > 0, ...).
     pub fn validate(&self) -> Result<(), PolicyError> {
-        todo!()
+        let mut problems = Vec::new();
+        if self.capacity_bytes == 0 {
+            problems.push("capacity_bytes: must be above 0".to_owned());
+        }
+        for (name, clamp) in [("success", &self.success), ("denial", &self.denial)] {
+            if clamp.min > clamp.max {
+                problems.push(format!(
+                    "{name}: minimum TTL {} is above maximum TTL {}",
+                    clamp.min, clamp.max
+                ));
+            }
+            if clamp.max > MAX_TTL {
+                problems.push(format!(
+                    "{name}: maximum TTL {} is above {MAX_TTL} (RFC 2181 §8)",
+                    clamp.max
+                ));
+            }
+        }
+        if self.servfail_ttl > MAX_TTL {
+            problems.push(format!(
+                "servfail_ttl: {} is above {MAX_TTL} (RFC 2181 §8)",
+                self.servfail_ttl
+            ));
+        }
+        if let Some(stale) = &self.stale {
+            if stale.window.is_zero() {
+                problems.push("stale.window: must be above 0".to_owned());
+            }
+            if stale.ttl == 0 {
+                problems.push("stale.ttl: must be above 0".to_owned());
+            }
+            if stale.ttl > MAX_TTL {
+                problems.push(format!(
+                    "stale.ttl: {} is above {MAX_TTL} (RFC 2181 §8)",
+                    stale.ttl
+                ));
+            }
+        }
+        if let Some(prefetch) = &self.prefetch {
+            if prefetch.amount == 0 {
+                problems.push("prefetch.amount: must be at least 1".to_owned());
+            }
+            if !(1..=100).contains(&prefetch.percentage) {
+                problems.push(format!(
+                    "prefetch.percentage: {} is not in 1..=100",
+                    prefetch.percentage
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(PolicyError { problems })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_coredns_cache_defaults() {
+        let p = Policy::default();
+        assert_eq!(p.capacity_bytes, 16 << 20);
+        assert_eq!(p.success, Clamp { min: 5, max: 3600 });
+        assert_eq!(p.denial, Clamp { min: 5, max: 1800 });
+        assert_eq!(p.servfail_ttl, 5);
+        assert_eq!(p.stale, None);
+        assert_eq!(p.prefetch, None);
+        assert_eq!(p.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_reports_every_bad_field_at_once() {
+        let p = Policy {
+            capacity_bytes: 0,
+            success: Clamp { min: 30, max: 10 },
+            denial: Clamp {
+                min: 5,
+                max: u32::MAX,
+            },
+            servfail_ttl: u32::MAX,
+            stale: Some(Stale {
+                window: Duration::ZERO,
+                ttl: 0,
+            }),
+            prefetch: Some(Prefetch {
+                amount: 0,
+                percentage: 101,
+            }),
+        };
+        let err = p.validate().unwrap_err();
+        let fields: Vec<&str> = err
+            .problems
+            .iter()
+            .map(|p| p.split(':').next().unwrap())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "capacity_bytes",
+                "success",
+                "denial",
+                "servfail_ttl",
+                "stale.window",
+                "stale.ttl",
+                "prefetch.amount",
+                "prefetch.percentage",
+            ]
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("invalid cache policy: capacity_bytes"),
+            "{text}"
+        );
+        assert!(
+            text.contains("minimum TTL 30 is above maximum TTL 10"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn zero_percentage_is_rejected() {
+        let p = Policy {
+            prefetch: Some(Prefetch {
+                amount: 1,
+                percentage: 0,
+            }),
+            ..Policy::default()
+        };
+        assert_eq!(p.validate().unwrap_err().problems.len(), 1);
+    }
+
+    #[test]
+    fn clamp_moves_ttl_into_bounds() {
+        let c = Clamp { min: 5, max: 3600 };
+        assert_eq!(c.apply(0), 5);
+        assert_eq!(c.apply(300), 300);
+        assert_eq!(c.apply(86_400), 3600);
+    }
+
+    #[test]
+    fn prefetch_threshold_is_at_least_one_second() {
+        let p = Prefetch {
+            amount: 1,
+            percentage: 10,
+        };
+        assert_eq!(p.threshold(5), 1);
+        assert_eq!(p.threshold(300), 30);
+        assert_eq!(p.threshold(0), 1);
+        let all = Prefetch {
+            amount: 1,
+            percentage: 100,
+        };
+        assert_eq!(all.threshold(u32::MAX), u32::MAX);
     }
 }
