@@ -8,7 +8,21 @@
 //!
 //! It never opens a socket and never reads a clock: every call that needs the time takes `now`.
 //! (moka's own time-based expiry is not used for that reason; lifetimes are checked against the
-//! caller's `now`, and moka only bounds the size.)
+//! caller's `now`, and moka only bounds the size.) It knows nothing of tokio or of clients: the
+//! single-flight table is generic over what a waiter is.
+//!
+//! Map:
+//! - [`Policy`]: what is kept and for how long (CoreDNS `cache` defaults), validated at once.
+//! - [`Cache`]: classify and insert, [`Cache::lookup`] at `now` → fresh / stale / miss.
+//! - [`Entry`]: one stored reply with its class, store time and clamped lifetime.
+//! - [`Flights`]: one upstream fetch per key, however many clients miss at once.
+//!
+//! Invariants:
+//! - A served TTL never exceeds the entry's remaining lifetime (fresh) or the stale TTL (stale):
+//!   [`Lookup`] carries the [`nodedns_wire::TtlRule`] that enforces it.
+//! - The lookup path allocates nothing and takes no lock of this crate's own.
+//! - The sum of entry weights (key + reply heap bytes + [`ENTRY_OVERHEAD`]) stays within
+//!   `Policy::capacity_bytes` once moka's pending maintenance has run.
 
 mod entry;
 mod flight;
@@ -17,5 +31,5 @@ mod store;
 
 pub use entry::{Class, Entry};
 pub use flight::{Flights, Joined};
-pub use policy::{Clamp, Policy, PolicyError, Prefetch, Stale};
-pub use store::{Cache, Inserted, Lookup, Stats};
+pub use policy::{Clamp, MAX_TTL, Policy, PolicyError, Prefetch, Stale};
+pub use store::{Cache, ENTRY_OVERHEAD, Inserted, Lookup, Stats};
