@@ -27,6 +27,9 @@ mod octets;
 mod query;
 mod reply;
 mod synth;
+
+#[cfg(test)]
+mod oracle;
 #[cfg(test)]
 mod testutil;
 

@@ -228,17 +228,18 @@ impl Reply {
     /// limit). Allocates nothing once `out` has grown to the answer's size.
     ///
     /// `query` must have the same key as the query this reply answers; the question bytes are
-    /// copied from it.
+    /// copied from it (if they differ beyond letter case, a caller bug, the stored question is
+    /// kept, so the answer stays well-formed).
     pub fn write_answer(&self, query: &Query<'_>, ttl: TtlRule, limit: usize, out: &mut Vec<u8>) {
         out.clear();
         let edns = query.edns();
         let opt_len = if edns.is_some() { OPT_LEN } else { 0 };
         let question_end = usize::from(self.question_end);
-        // The client's question replaces ours only if it has the same length, as it does when
-        // the keys match (same name up to case, type, class); anything else is a caller bug, and
-        // then our own question is kept rather than shifting every offset.
-        let client_question =
-            Some(query.question()).filter(|q| HEADER_LEN + q.len() == question_end);
+        // The client's question replaces ours only if it is the same up to case, as it is when
+        // the keys match. Anything else is a caller bug; then our own question is kept, so
+        // compression pointers into it stay valid and no offset moves.
+        let ours = self.bytes.get(HEADER_LEN..question_end).unwrap_or_default();
+        let client_question = Some(query.question()).filter(|q| q.eq_ignore_ascii_case(ours));
         let full = self.bytes.len() + opt_len <= limit;
         let body_end = if full { self.bytes.len() } else { question_end };
         out.reserve(body_end + opt_len);
@@ -875,6 +876,17 @@ mod tests {
         let out = answer(&reply, &other, FOREVER, 512);
         assert_eq!(out.queries, msg.queries);
         assert_eq!(out.metadata.id, 11);
+    }
+
+    #[test]
+    fn question_differing_beyond_case_is_not_copied() {
+        let (_, msg) = positive();
+        let reply = parse(&msg);
+        // Same length as `example.com.`, other labels: answers point into the question.
+        let other = encode(&query_message(11, "example.org.", RecordType::A, None));
+        let out = answer(&reply, &other, FOREVER, 512);
+        assert_eq!(out.queries, msg.queries);
+        assert_eq!(out.answers[0].name, name("example.com."));
     }
 
     #[test]
