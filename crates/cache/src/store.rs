@@ -807,6 +807,43 @@ mod tests {
     }
 
     #[test]
+    fn lookup_allocates_nothing_per_call() {
+        let cache = Cache::new(Policy {
+            stale: Some(Stale {
+                window: secs(60),
+                ttl: 30,
+            }),
+            prefetch: Some(Prefetch {
+                amount: 1,
+                percentage: 10,
+            }),
+            ..Policy::default()
+        });
+        let t0 = Instant::now();
+        let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("name-{i}").into_bytes()).collect();
+        for key in &keys[..50] {
+            cache.insert(key, success(&[100]), t0);
+        }
+        cache.map.run_pending_tasks();
+        let lookups = 10_000;
+        // Fresh (with the prefetch flag firing), stale, and absent keys alike.
+        let info = allocation_counter::measure(|| {
+            for i in 0..lookups {
+                let now = t0 + secs([0, 95, 120][i % 3]);
+                std::hint::black_box(cache.lookup(&keys[i % keys.len()], now));
+            }
+        });
+        // moka's amortized housekeeping (run every 64 recorded reads) and crossbeam-epoch's
+        // collection (every 128 pins) allocate now and then; anything per call would show as
+        // ≥ one allocation per lookup.
+        assert!(
+            info.count_total < lookups as u64 / 32,
+            "{} allocations in {lookups} lookups",
+            info.count_total
+        );
+    }
+
+    #[test]
     fn lookup_of_unknown_key_misses() {
         let cache = Cache::new(Policy::default());
         assert!(matches!(cache.lookup(b"", Instant::now()), Lookup::Miss));
