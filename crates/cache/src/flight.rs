@@ -19,14 +19,14 @@ const SHARDS: usize = 16;
 
 /// Whether the caller leads the fetch or joined one already under way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Joined {
+pub enum Joined<W> {
     /// The caller must fetch, then call [`Flights::complete`].
     Leader,
     /// The caller's waiter was queued; the leader will answer it.
     Follower,
-    /// The key already has the maximum number of waiters; the waiter was not queued (it is
-    /// dropped: a channel sender used as waiter closes, and its receiver learns at once).
-    Full,
+    /// The key already has the maximum number of waiters; the waiter was not queued and is
+    /// handed back, so the caller can still answer it (SERVFAIL) instead of leaving it unanswered.
+    Full(W),
 }
 
 type Shard<W> = Mutex<HashMap<Box<[u8]>, Vec<W>>>;
@@ -53,10 +53,10 @@ impl<W> Flights<W> {
 
     /// Joins the fetch for `key`: the first caller becomes the leader (its `waiter` is queued too),
     /// later callers followers.
-    pub fn join(&self, key: &[u8], waiter: W) -> Joined {
+    pub fn join(&self, key: &[u8], waiter: W) -> Joined<W> {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
-            Some(waiters) if waiters.len() >= self.max_waiters => Joined::Full,
+            Some(waiters) if waiters.len() >= self.max_waiters => Joined::Full(waiter),
             Some(waiters) => {
                 waiters.push(waiter);
                 Joined::Follower
@@ -108,7 +108,7 @@ mod tests {
     #[test]
     fn fifty_joins_make_one_leader_and_forty_nine_followers() {
         let flights = Flights::new(64);
-        let joined: Vec<Joined> = (0..50).map(|i| flights.join(b"key", i)).collect();
+        let joined: Vec<Joined<i32>> = (0..50).map(|i| flights.join(b"key", i)).collect();
         assert_eq!(joined[0], Joined::Leader);
         assert!(joined[1..].iter().all(|j| *j == Joined::Follower));
         assert_eq!(flights.len(), (1, 50));
@@ -158,7 +158,11 @@ mod tests {
         assert_eq!(flights.join(b"k", 1), Joined::Leader);
         assert_eq!(flights.join(b"k", 2), Joined::Follower);
         assert_eq!(flights.join(b"k", 3), Joined::Follower);
-        assert_eq!(flights.join(b"k", 4), Joined::Full);
+        assert_eq!(
+            flights.join(b"k", 4),
+            Joined::Full(4),
+            "the waiter comes back"
+        );
         assert_eq!(
             flights.join(b"other", 5),
             Joined::Leader,
@@ -171,7 +175,7 @@ mod tests {
     fn leader_is_queued_even_with_no_room_for_followers() {
         let flights = Flights::new(0);
         assert_eq!(flights.join(b"k", 1), Joined::Leader);
-        assert_eq!(flights.join(b"k", 2), Joined::Full);
+        assert_eq!(flights.join(b"k", 2), Joined::Full(2));
         assert_eq!(flights.complete(b"k"), [1]);
     }
 
