@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use hickory_proto::op::{Edns, Message, MessageType, Query};
-use hickory_proto::rr::{Name, RecordType};
+use hickory_proto::rr::{Name, RData, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
@@ -201,6 +201,28 @@ pub fn qname(message: &Message) -> String {
         .first()
         .map(|q| q.name().to_ascii())
         .unwrap_or_default()
+}
+
+/// The TTLs of the answer section's records, in order.
+pub fn answer_ttls(message: &Message) -> Vec<u32> {
+    message.answers.iter().map(|r| r.ttl).collect()
+}
+
+/// The TTLs of the authority section's records, in order.
+pub fn authority_ttls(message: &Message) -> Vec<u32> {
+    message.authorities.iter().map(|r| r.ttl).collect()
+}
+
+/// The addresses of the answer section's A records, in order.
+pub fn a_addrs(message: &Message) -> Vec<Ipv4Addr> {
+    message
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect()
 }
 
 /// One resource record as `dig`/`kdig` print it.

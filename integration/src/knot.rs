@@ -287,6 +287,21 @@ ttl86400.default.svc                86400 IN A    10.96.86.4
     }
 }
 
+/// Starts a Knot serving [`Knot::cluster_local`] on a free loopback port, or returns `None`
+/// after printing why when `knotd` is not installed (so the calling test passes as skipped).
+/// Panics if `knotd` is installed but does not start.
+pub fn cluster_local_or_skip() -> Option<Knot> {
+    if !crate::have("knotd") || !crate::have("knotc") {
+        eprintln!("skipped: knotd/knotc not installed (Debian package `knot`)");
+        return None;
+    }
+    let options = Options {
+        zones: vec![Knot::cluster_local()],
+        ..Options::default()
+    };
+    Some(Knot::start(options).expect("knotd starts"))
+}
+
 fn fqdn(name: &str) -> String {
     if name.ends_with('.') {
         name.to_owned()

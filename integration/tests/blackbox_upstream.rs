@@ -1,0 +1,267 @@
+//! How the agent uses its upstream, seen from the upstream's side: few long-lived TCP
+//! connections for sequential misses, never more than the pool cap (64) under load, one
+//! upstream query for many identical concurrent misses, SERVFAIL within the 2 s deadline when
+//! the upstream is silent, and queries retried at once when a connection is reset or closed.
+//!
+//! The scripted upstream counts queries per name and TCP connections (total and at once).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use nodedns_integration::client::{self, a_addrs};
+use nodedns_integration::scripted::{Action, Options, Scripted};
+use nodedns_integration::{Agent, knot};
+
+/// The address a scripted upstream gives every name it answers: 10.<i>.<j>.<k> built from the
+/// name's number, so each answer shows it belongs to its own question.
+fn numbered(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(0x0a00_0000 | i)
+}
+
+/// Parses `n<i>.<anything>` into `i`.
+fn number_of(qname: &str) -> Option<u32> {
+    qname.strip_prefix('n')?.split('.').next()?.parse().ok()
+}
+
+fn numbered_answers(delay: Duration) -> Scripted {
+    Scripted::start(move |query, _| {
+        let name = client::qname(query);
+        match number_of(&name) {
+            Some(i) => Action::a(numbered(i), 60).after(delay),
+            None => Action::NxDomain {
+                soa_ttl: 30,
+                minimum: 60,
+            },
+        }
+    })
+    .unwrap()
+}
+
+async fn ask_a(agent: SocketAddr, name: &str) -> hickory_proto::op::Message {
+    client::udp(agent, &client::query(name, RecordType::A))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_misses_reuse_few_connections() {
+    let upstream = numbered_answers(Duration::ZERO);
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+
+    for i in 0..100 {
+        let reply = ask_a(agent.addr(), &format!("n{i}.seq.test.")).await;
+        assert_eq!(a_addrs(&reply), [numbered(i)]);
+    }
+    assert_eq!(
+        upstream.tcp_queries(),
+        100,
+        "every miss went upstream over TCP"
+    );
+    assert!(
+        upstream.connections() <= 3,
+        "100 sequential misses (plus the start-up probe) used {} TCP connections",
+        upstream.connections()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_misses_to_knot_go_over_tcp() {
+    let Some(knot) = knot::cluster_local_or_skip() else {
+        return;
+    };
+    let agent = Agent::start(&[knot.addr()]).expect("agent starts");
+    let before = knot.queries().unwrap();
+    let before_tcp = knot.tcp_queries().unwrap();
+    for name in ["web", "kubernetes", "headless", "ttl7", "ttl300"] {
+        let reply = ask_a(agent.addr(), &format!("{name}.default.svc.cluster.local.")).await;
+        assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+        assert!(!reply.answers.is_empty());
+    }
+    assert_eq!(knot.queries().unwrap() - before, 5);
+    assert_eq!(
+        knot.tcp_queries().unwrap() - before_tcp,
+        5,
+        "misses go upstream over pooled TCP"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_stay_within_pool_cap() {
+    // Each answer takes 200 ms, so 200 concurrent misses would want 200 connections; the
+    // pool serves them with at most 64 (4 rounds, well within the 2 s deadline).
+    let upstream = numbered_answers(Duration::from_millis(200));
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+    let addr = agent.addr();
+
+    let tasks: Vec<_> = (0..200u32)
+        .map(|i| tokio::spawn(async move { (i, ask_a(addr, &format!("n{i}.burst.test.")).await) }))
+        .collect();
+    for task in tasks {
+        let (i, reply) = task.await.unwrap();
+        assert_eq!(
+            reply.metadata.response_code,
+            ResponseCode::NoError,
+            "n{i} answered"
+        );
+        assert_eq!(a_addrs(&reply), [numbered(i)]);
+    }
+    assert_eq!(upstream.queries(), 200);
+    let max = upstream.max_open_connections();
+    assert!(max <= 64, "{max} TCP connections open at once, cap 64");
+    assert!(
+        max >= 2,
+        "the pool grows with concurrency (at most {max} connections open)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_concurrent_misses_make_one_upstream_query() {
+    // The upstream answers after 500 ms, so all 50 queries arrive while the first is in flight.
+    let upstream = Scripted::start(|_, _| {
+        Action::a(Ipv4Addr::new(192, 0, 2, 50), 60).after(Duration::from_millis(500))
+    })
+    .unwrap();
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+    let addr = agent.addr();
+
+    // Half lowercase, half in other cases: one key (RFC 4343), each answer in its own case.
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let name = match i % 3 {
+                0 => "same.flight.test.",
+                1 => "SAME.flight.TEST.",
+                _ => "Same.Flight.Test.",
+            };
+            tokio::spawn(async move {
+                let query = client::query(name, RecordType::A);
+                let reply = client::udp(addr, &query).await.unwrap();
+                (name, query.metadata.id, reply)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (name, id, reply) = task.await.unwrap();
+        assert_eq!(reply.metadata.id, id);
+        assert_eq!(client::qname(&reply), name);
+        assert_eq!(a_addrs(&reply), [Ipv4Addr::new(192, 0, 2, 50)]);
+    }
+    assert_eq!(
+        upstream.queries_for("same.flight.test."),
+        1,
+        "50 concurrent identical misses, one upstream query"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_upstream_gives_servfail_within_deadline() {
+    let upstream = Scripted::start(|query, _| match client::qname(query).as_str() {
+        "silent.test." | "silent-dig.test." => Action::Silence,
+        _ => Action::a(Ipv4Addr::new(192, 0, 2, 1), 30),
+    })
+    .unwrap();
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+
+    for round in 1..=2 {
+        let started = Instant::now();
+        let reply = ask_a(agent.addr(), "silent.test.").await;
+        let took = started.elapsed();
+        assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+        assert!(
+            took < Duration::from_secs(3),
+            "SERVFAIL after {took:?}: the deadline is 2 s, a stub resolver gives up at 5 s"
+        );
+        // The agent's own SERVFAIL is not cached: the second round asks upstream again.
+        assert!(
+            upstream.queries_for("silent.test.") >= round,
+            "round {round}: the query went upstream"
+        );
+    }
+
+    // A real client with one try and a 5 s timeout gets the SERVFAIL, not a timeout.
+    let started = Instant::now();
+    let out = client::dig(agent.addr(), &["+time=5", "silent-dig.test.", "A"]).unwrap();
+    assert_eq!(out.status, "SERVFAIL", "{}", out.raw);
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_mid_flight_is_retried() {
+    // The first query for each name is answered with a RST on its (already used) connection,
+    // the way a CoreDNS pod going away looks; the retry is answered.
+    let upstream = Scripted::start(|query, ctx| {
+        let action = if ctx.nth == 1 {
+            Action::Reset
+        } else {
+            Action::a(Ipv4Addr::new(192, 0, 2, 7), 60)
+        };
+        // "slow-" names are reset after a moment, with the query well in flight.
+        if client::qname(query).starts_with("slow") {
+            action.after(Duration::from_millis(100))
+        } else {
+            action
+        }
+    })
+    .unwrap();
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+
+    for name in ["reset.test.", "slow-reset.test."] {
+        let connections = upstream.connections();
+        let started = Instant::now();
+        let reply = ask_a(agent.addr(), name).await;
+        let took = started.elapsed();
+        assert_eq!(
+            reply.metadata.response_code,
+            ResponseCode::NoError,
+            "{name}"
+        );
+        assert_eq!(a_addrs(&reply), [Ipv4Addr::new(192, 0, 2, 7)]);
+        assert_eq!(
+            upstream.queries_for(name),
+            2,
+            "{name}: sent, reset, sent again"
+        );
+        assert!(
+            upstream.connections() > connections,
+            "{name}: the retry used a new connection"
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "{name}: retried at once, not after the deadline ({took:?})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_closed_by_upstream_is_retried() {
+    // Every connection is closed (FIN) by the upstream after one answer, as CoreDNS does to an
+    // idle one: the pool's next query on it fails and must be retried on a fresh connection.
+    let upstream = Scripted::start_with(
+        Options {
+            close_after: Some(1),
+        },
+        |query, _| match number_of(&client::qname(query)) {
+            Some(i) => Action::a(numbered(i), 60),
+            None => Action::NxDomain {
+                soa_ttl: 30,
+                minimum: 60,
+            },
+        },
+    )
+    .unwrap();
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+
+    for i in 0..10 {
+        let started = Instant::now();
+        let reply = ask_a(agent.addr(), &format!("n{i}.closing.test.")).await;
+        assert_eq!(reply.metadata.response_code, ResponseCode::NoError, "n{i}");
+        assert_eq!(a_addrs(&reply), [numbered(i)]);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "n{i}: answered without waiting for the deadline ({:?})",
+            started.elapsed()
+        );
+    }
+    assert!(upstream.connections() >= 10, "one connection per answer");
+}
