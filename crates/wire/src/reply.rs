@@ -83,11 +83,22 @@ pub struct TtlRule {
 /// compares unequal.
 pub fn same_question(a: &[u8], b: &[u8]) -> bool {
     match (question(a), question(b)) {
-        // Label length bytes are at most 63, below b'A', so a byte-wise ASCII case-insensitive
-        // comparison compares the label structure exactly and the label text without case.
-        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        (Some(a), Some(b)) => questions_match(a, b),
         _ => false,
     }
+}
+
+/// Whether two questions (uncompressed name, type, class) are equal with the name compared
+/// without ASCII case (RFC 4343 §3) and type and class compared exactly.
+fn questions_match(a: &[u8], b: &[u8]) -> bool {
+    let (Some(split_a), Some(split_b)) = (a.len().checked_sub(4), b.len().checked_sub(4)) else {
+        return false;
+    };
+    let (name_a, rest_a) = a.split_at(split_a);
+    let (name_b, rest_b) = b.split_at(split_b);
+    // Label length bytes are at most 63, below b'A', so a byte-wise ASCII case-insensitive
+    // comparison compares the label structure exactly and the label text without case.
+    name_a.eq_ignore_ascii_case(name_b) && rest_a == rest_b
 }
 
 /// The question's bytes (name, type, class) of a message with QDCOUNT 1.
@@ -214,6 +225,14 @@ impl Reply {
         &self.bytes
     }
 
+    /// The stored question: bytes from offset 12 to the end of the question (name, type,
+    /// class), as upstream sent them.
+    pub fn question(&self) -> &[u8] {
+        self.bytes
+            .get(HEADER_LEN..usize::from(self.question_end))
+            .unwrap_or_default()
+    }
+
     /// Bytes this reply holds on the heap (message plus TTL index), for the cache's weigher.
     pub fn heap_size(&self) -> usize {
         self.bytes.len() + self.ttls.len() * 2
@@ -239,7 +258,7 @@ impl Reply {
         // the keys match. Anything else is a caller bug; then our own question is kept, so
         // compression pointers into it stay valid and no offset moves.
         let ours = self.bytes.get(HEADER_LEN..question_end).unwrap_or_default();
-        let client_question = Some(query.question()).filter(|q| q.eq_ignore_ascii_case(ours));
+        let client_question = Some(query.question()).filter(|q| questions_match(q, ours));
         let full = self.bytes.len() + opt_len <= limit;
         let body_end = if full { self.bytes.len() } else { question_end };
         out.reserve(body_end + opt_len);
@@ -699,6 +718,8 @@ mod tests {
         reply.write_answer(&Query::parse(&query).unwrap(), FOREVER, 512, &mut out);
         let question = Query::parse(&query).unwrap().question();
         assert_eq!(&out[HEADER_LEN..HEADER_LEN + question.len()], question);
+        assert!(questions_match(reply.question(), question));
+        assert_ne!(reply.question(), question);
         assert!(same_question(&out, &query));
     }
 
@@ -932,6 +953,10 @@ mod tests {
         assert!(!same_question(&a, &other_type));
         assert!(!same_question(&a, &other_class));
         assert!(!same_question(&a, &other_labels));
+        // Type 0x0041 (HTTPS) and 0x0061 differ only in what would be ASCII case.
+        let https = message(1, b"\x07example\x03com\x00\x00\x41\x00\x01");
+        let other = message(1, b"\x07example\x03com\x00\x00\x61\x00\x01");
+        assert!(!same_question(&https, &other));
     }
 
     #[test]
