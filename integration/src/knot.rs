@@ -196,6 +196,18 @@ impl Knot {
             .sum())
     }
 
+    /// Queries received so far with QTYPE `rtype` (`"A"`, `"AAAA"`, `"NS"`, ...): lets a test
+    /// count its own queries apart from, say, an agent's `. NS` health checks.
+    pub fn queries_of_type(&self, rtype: &str) -> anyhow::Result<u64> {
+        let key = format!("mod-stats.query-type[{rtype}]");
+        Ok(self
+            .stats()?
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, n)| n)
+            .sum())
+    }
+
     /// Every counter `knotc stats` reports, as `(name, value)`. Knot omits counters that are 0.
     pub fn stats(&self) -> anyhow::Result<Vec<(String, u64)>> {
         let output = Command::new("knotc")

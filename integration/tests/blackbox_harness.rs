@@ -174,3 +174,17 @@ async fn scripted_upstream_follows_its_script_and_counts() {
     assert_eq!(upstream.connections(), 5);
     assert!(upstream.max_open_connections() >= 1);
 }
+
+#[test]
+fn knot_counts_queries_by_type() {
+    let Some(knot) = knot() else { return };
+    let (a, ns) = (
+        knot.queries_of_type("A").unwrap(),
+        knot.queries_of_type("NS").unwrap(),
+    );
+    client::kdig(knot.addr(), &["web.default.svc.cluster.local.", "A"]).unwrap();
+    client::kdig(knot.addr(), &[".", "NS"]).unwrap();
+    client::kdig(knot.addr(), &["web.default.svc.cluster.local.", "AAAA"]).unwrap();
+    assert_eq!(knot.queries_of_type("A").unwrap(), a + 1);
+    assert_eq!(knot.queries_of_type("NS").unwrap(), ns + 1);
+}
