@@ -844,6 +844,101 @@ mod tests {
     }
 
     #[test]
+    fn entry_overhead_matches_real_heap_use() {
+        // Allocations are counted per thread, but crossbeam-epoch (under moka) frees garbage on
+        // whichever thread collects it, other tests' included: measure in a process that runs
+        // this test alone.
+        const ALONE: &str = "NODEDNS_CACHE_MEASURE_ALONE";
+        if std::env::var_os(ALONE).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "store::tests::entry_overhead_matches_real_heap_use",
+                ])
+                .args(["--test-threads=1", "--nocapture"])
+                .env(ALONE, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{text}");
+            assert!(
+                text.contains("1 passed"),
+                "the measurement did not run: {text}"
+            );
+            return;
+        }
+        let cache = Cache::new(Policy {
+            capacity_bytes: 1 << 30,
+            ..Policy::default()
+        });
+        let t0 = Instant::now();
+        let n = 5000;
+        let keys: Vec<Vec<u8>> = (0..n)
+            .map(|i| format!("name-{i:05}").into_bytes())
+            .collect();
+        // Replies are built outside the measurement: their heap bytes are `heap_size`, which the
+        // weigher charges exactly; what is measured is everything else an entry costs.
+        let mut replies: Vec<Option<Reply>> = (0..n).map(|_| Some(success(&[300]))).collect();
+        let info = allocation_counter::measure(|| {
+            for (key, reply) in keys.iter().zip(&mut replies) {
+                cache.insert(key, reply.take().unwrap(), t0);
+            }
+            cache.map.run_pending_tasks();
+        });
+        let measured = info.bytes_current as f64 / n as f64;
+        let charged = (keys[0].len() + ENTRY_OVERHEAD) as f64;
+        assert!(
+            (0.75..=1.25).contains(&(measured / charged)),
+            "an entry costs {measured:.0} bytes besides its reply, the weigher charges {charged}"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the record TTLs, bounds and moment: a fresh answer's TTL rule adds up to the
+        /// clamped lifetime and never exceeds it; stale exactly in the window after it; then miss.
+        #[test]
+        fn lookup_agrees_with_the_clamped_lifetime(
+            ttls in proptest::collection::vec(0u32..100_000, 1..4),
+            min in 0u32..100,
+            span in 0u32..5000,
+            window in 1u64..5000,
+            elapsed_ms in 0u64..20_000_000,
+        ) {
+            let clamp = Clamp { min, max: min + span };
+            let cache = Cache::new(Policy {
+                success: clamp,
+                stale: Some(Stale { window: secs(window), ttl: 30 }),
+                ..Policy::default()
+            });
+            let t0 = Instant::now();
+            let lifetime = clamp.apply(*ttls.iter().min().unwrap());
+            let inserted = cache.insert(b"k", success(&ttls), t0);
+            if lifetime == 0 {
+                proptest::prop_assert_eq!(inserted, Inserted::NotCacheable);
+                return Ok(());
+            }
+            proptest::prop_assert_eq!(inserted, Inserted::Stored(Class::Success));
+            let elapsed = Duration::from_millis(elapsed_ms);
+            match cache.lookup(b"k", t0 + elapsed) {
+                Lookup::Fresh { ttl, .. } => {
+                    proptest::prop_assert!(elapsed < secs(lifetime.into()));
+                    proptest::prop_assert_eq!(u64::from(ttl.age), elapsed.as_secs());
+                    proptest::prop_assert_eq!(ttl.age + ttl.cap, lifetime);
+                    proptest::prop_assert!(ttl.cap >= 1 && ttl.cap <= clamp.max);
+                }
+                Lookup::Stale { ttl, .. } => {
+                    proptest::prop_assert!(elapsed >= secs(lifetime.into()));
+                    proptest::prop_assert!(elapsed < secs(u64::from(lifetime) + window));
+                    proptest::prop_assert_eq!(ttl, TtlRule { age: 0, cap: 30 });
+                }
+                Lookup::Miss => {
+                    proptest::prop_assert!(elapsed >= secs(u64::from(lifetime) + window));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn lookup_of_unknown_key_misses() {
         let cache = Cache::new(Policy::default());
         assert!(matches!(cache.lookup(b"", Instant::now()), Lookup::Miss));
