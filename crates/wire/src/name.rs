@@ -7,9 +7,11 @@
 //!   (RFC 1035 §2.3.4), whether or not it is compressed;
 //! - a compression pointer (0b11, RFC 1035 §4.1.4) refers to "a prior occurrence": its target
 //!   must lie before the start of the run of labels that contains it. Targets therefore strictly
-//!   decrease, so pointer loops are impossible; a jump limit caps the work anyway.
+//!   decrease, so pointer loops are impossible; a jump limit caps the work anyway;
+//! - a pointer never targets the header (offsets 0..12 hold no name, and nodedns rewrites the ID,
+//!   flags and counts of every answer it serves).
 
-use crate::MAX_NAME_LEN;
+use crate::{HEADER_LEN, MAX_NAME_LEN};
 
 /// Most pointers followed in one name. Each jump of a real encoder skips at least one label, and
 /// a 255-byte name has at most 127 labels.
@@ -51,6 +53,13 @@ pub(crate) fn skip_uncompressed(msg: &[u8], start: usize) -> Result<usize, NameE
 /// own bytes at `start` (after its first pointer, or after its root label), having checked the
 /// whole name, pointers followed.
 pub(crate) fn skip(msg: &[u8], start: usize) -> Result<usize, NameError> {
+    skip_avoiding(msg, start, &[])
+}
+
+/// [`skip`], and a name whose labels (once a pointer is followed) read any byte of a 32-bit field
+/// at one of the ascending offsets `fields` is malformed. The reply parser passes its TTL
+/// offsets: a name built from TTL bytes would change when the TTLs are patched.
+pub(crate) fn skip_avoiding(msg: &[u8], start: usize, fields: &[u16]) -> Result<usize, NameError> {
     let mut pos = start;
     // Start of the run of labels being read: the next pointer must point before it.
     let mut run_start = start;
@@ -62,20 +71,25 @@ pub(crate) fn skip(msg: &[u8], start: usize) -> Result<usize, NameError> {
         let len = *msg.get(pos).ok_or(NameError::Truncated)?;
         match len & 0xC0 {
             0x00 => {
+                let next = pos + 1 + usize::from(len);
                 wire_len += 1 + usize::from(len);
-                if wire_len > MAX_NAME_LEN {
+                if wire_len > MAX_NAME_LEN || (end.is_some() && overlaps(fields, pos, next)) {
                     return Err(NameError::Malformed);
                 }
                 if len == 0 {
-                    return Ok(end.unwrap_or(pos + 1));
+                    return Ok(end.unwrap_or(next));
                 }
-                pos += 1 + usize::from(len);
+                pos = next;
             }
             0xC0 => {
                 let low = *msg.get(pos + 1).ok_or(NameError::Truncated)?;
                 let target = usize::from(len & 0x3F) << 8 | usize::from(low);
                 jumps += 1;
-                if target >= run_start || jumps > MAX_JUMPS {
+                if target >= run_start
+                    || target < HEADER_LEN
+                    || jumps > MAX_JUMPS
+                    || (end.is_some() && overlaps(fields, pos, pos + 2))
+                {
                     return Err(NameError::Malformed);
                 }
                 end.get_or_insert(pos + 2);
@@ -85,6 +99,13 @@ pub(crate) fn skip(msg: &[u8], start: usize) -> Result<usize, NameError> {
             _ => return Err(NameError::Malformed),
         }
     }
+}
+
+/// Whether `from..to` shares a byte with any 4-byte field starting at the ascending `fields`.
+fn overlaps(fields: &[u16], from: usize, to: usize) -> bool {
+    // The first field that ends after `from`; it overlaps if it starts before `to`.
+    let first = fields.partition_point(|&at| usize::from(at) + 4 <= from);
+    fields.get(first).is_some_and(|&at| usize::from(at) < to)
 }
 
 #[cfg(test)]
@@ -119,46 +140,95 @@ mod tests {
         );
     }
 
+    /// `bytes` after a 12-byte stand-in header, so offsets in tests read `H + n`.
+    fn after_header(bytes: &[u8]) -> Vec<u8> {
+        let mut msg = vec![0xFF; HEADER_LEN];
+        msg.extend_from_slice(bytes);
+        msg
+    }
+
+    const H: u8 = HEADER_LEN as u8;
+
     #[test]
     fn backward_pointer_followed_and_name_ends_after_it() {
-        let mut msg = EXAMPLE.to_vec();
+        let mut msg = after_header(EXAMPLE);
         let start = msg.len();
-        msg.extend_from_slice(b"\x03www\xC0\x00");
+        msg.extend_from_slice(&[3, b'w', b'w', b'w', 0xC0, H]);
         assert_eq!(skip(&msg, start), Ok(msg.len()));
         // Pointer to the middle of a name: `com.`.
         let start = msg.len();
-        msg.extend_from_slice(&[0xC0, 0x08]);
+        msg.extend_from_slice(&[0xC0, H + 8]);
         assert_eq!(skip(&msg, start), Ok(msg.len()));
     }
 
     #[test]
     fn forward_pointer_rejected() {
-        let mut msg = vec![0xC0, 0x02];
+        let mut msg = after_header(&[0xC0, H + 2]);
         msg.extend_from_slice(EXAMPLE);
-        assert_eq!(skip(&msg, 0), Err(NameError::Malformed));
+        assert_eq!(skip(&msg, 12), Err(NameError::Malformed));
     }
 
     #[test]
     fn self_pointer_rejected() {
-        assert_eq!(skip(&[0xC0, 0x00], 0), Err(NameError::Malformed));
+        assert_eq!(
+            skip(&after_header(&[0xC0, H]), 12),
+            Err(NameError::Malformed)
+        );
+    }
+
+    #[test]
+    fn pointer_into_the_header_rejected() {
+        // The header bytes 0xFF... would not even be labels; a root byte there is still refused.
+        let mut msg = vec![0; HEADER_LEN];
+        msg.extend_from_slice(&[0xC0, 0x0B]);
+        assert_eq!(skip(&msg, 12), Err(NameError::Malformed));
     }
 
     #[test]
     fn pointer_loop_rejected() {
-        // 0: label "a" then a pointer back to 0: a loop that only labels could keep going.
-        let msg = [0x01, b'a', 0xC0, 0x00];
-        assert_eq!(skip(&msg, 0), Err(NameError::Malformed));
-        // A pointer at 4 to 0, whose run contains a pointer back to itself.
-        let msg = [0x01, b'a', 0xC0, 0x04, 0xC0, 0x00];
-        assert_eq!(skip(&msg, 4), Err(NameError::Malformed));
+        // Label "a" then a pointer back to it: a loop that only labels could keep going.
+        let msg = after_header(&[0x01, b'a', 0xC0, H]);
+        assert_eq!(skip(&msg, 12), Err(NameError::Malformed));
+        // A pointer at H+4 to H, whose run contains a pointer back to H+4.
+        let msg = after_header(&[0x01, b'a', 0xC0, H + 4, 0xC0, H]);
+        assert_eq!(skip(&msg, 16), Err(NameError::Malformed));
     }
 
     #[test]
     fn pointer_into_a_longer_run_cannot_loop() {
-        // Label at 0 covers bytes 1..=4; the pointer at 5 goes back to 0 and the walk reads the
+        // Label at H covers H+1..=H+4; the pointer at H+5 goes back to H and the walk reads the
         // same pointer again: the second jump is not before the run it is in.
-        let msg = [0x04, b'a', b'b', b'c', b'd', 0xC0, 0x00];
-        assert_eq!(skip(&msg, 5), Err(NameError::Malformed));
+        let msg = after_header(&[0x04, b'a', b'b', b'c', b'd', 0xC0, H]);
+        assert_eq!(skip(&msg, 17), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn name_read_through_a_pointer_must_avoid_the_given_fields() {
+        // H: "\x01a\x00"; H+3..H+7 is a "TTL" holding bytes that read as a label and the root.
+        let mut msg = after_header(&[0x01, b'a', 0x00, 0x02, b'b', b'c', 0x00]);
+        let start = msg.len();
+        msg.extend_from_slice(&[0xC0, H + 3]);
+        let ttl = [u16::from(H) + 3];
+        assert_eq!(skip(&msg, start), Ok(msg.len()));
+        assert_eq!(skip_avoiding(&msg, start, &ttl), Err(NameError::Malformed));
+        // Pointing at H (before the field) is fine: that name ends before it.
+        let start = msg.len();
+        msg.extend_from_slice(&[0xC0, H]);
+        assert_eq!(skip_avoiding(&msg, start, &ttl), Ok(msg.len()));
+        // The name's own bytes (before any pointer) are not checked: they are the caller's.
+        assert_eq!(skip_avoiding(&msg, 15, &ttl), Ok(19));
+    }
+
+    #[test]
+    fn overlap_is_exact_at_the_field_edges() {
+        let fields = [10u16, 20];
+        assert!(!overlaps(&fields, 0, 10));
+        assert!(overlaps(&fields, 0, 11));
+        assert!(overlaps(&fields, 13, 14));
+        assert!(!overlaps(&fields, 14, 20));
+        assert!(overlaps(&fields, 23, 30));
+        assert!(!overlaps(&fields, 24, 30));
+        assert!(!overlaps(&[], 0, 100));
     }
 
     #[test]
@@ -221,10 +291,10 @@ mod tests {
     #[test]
     fn compressed_name_over_255_bytes_rejected() {
         // 200 bytes of labels, then a pointer to another 200-byte name: 399 bytes expanded.
-        let mut msg = name_of_len(200);
+        let mut msg = after_header(&name_of_len(200));
         let start = msg.len();
         msg.extend_from_slice(&name_of_len(200)[..199]);
-        msg.extend_from_slice(&[0xC0, 0x00]);
+        msg.extend_from_slice(&[0xC0, H]);
         assert_eq!(skip(&msg, start), Err(NameError::Malformed));
     }
 

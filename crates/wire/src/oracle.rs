@@ -412,3 +412,151 @@ fn exercise(bytes: &[u8]) {
         }
     }
 }
+
+/// A query and the reply Knot DNS sent to it (the fuzz seed corpus, see its README).
+macro_rules! knot {
+    ($name:literal) => {
+        (
+            &include_bytes!(concat!("../fuzz/seeds/query_parse/", $name))[..],
+            &include_bytes!(concat!("../fuzz/seeds/reply_parse/", $name))[..],
+        )
+    };
+}
+
+#[test]
+fn knot_replies_are_served_as_hickory_reads_them() {
+    let pairs = [
+        knot!("a_edns_do_cookie"),
+        knot!("aaaa_plain"),
+        knot!("cname_edns"),
+        knot!("srv_edns"),
+        knot!("nxdomain_edns"),
+        knot!("nodata_plain"),
+        knot!("big_txt_udp512"),
+        knot!("refused_edns"),
+        knot!("soa_cd"),
+    ];
+    for (query_bytes, reply_bytes) in pairs {
+        let query = Query::parse(query_bytes).unwrap();
+        assert!(same_question(reply_bytes, query_bytes));
+        let reply = Reply::parse(reply_bytes).unwrap();
+        let mut out = Vec::new();
+        reply.write_answer(
+            &query,
+            TtlRule {
+                age: 1,
+                cap: u32::MAX,
+            },
+            query.udp_limit(),
+            &mut out,
+        );
+        let original = decode(reply_bytes);
+        let served = decode(&out);
+        assert_eq!(served.metadata.id, query.id());
+        assert_eq!(
+            served.metadata.response_code,
+            original.metadata.response_code
+        );
+        assert_eq!(served.metadata.truncation, original.metadata.truncation);
+        assert_eq!(served.edns.is_some(), query.edns().is_some());
+        assert_eq!(
+            &out[HEADER_LEN..HEADER_LEN + query.question().len()],
+            query.question()
+        );
+        let aged = |records: &[Record]| -> Vec<Record> {
+            records
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.ttl = r.ttl.saturating_sub(1);
+                    r
+                })
+                .collect()
+        };
+        assert_eq!(served.answers, aged(&original.answers));
+        assert_eq!(served.authorities, aged(&original.authorities));
+        assert_eq!(served.additionals, aged(&original.additionals));
+    }
+}
+
+#[test]
+fn knot_negative_answers_and_truncation_fill_info() {
+    let (_, nxdomain) = knot!("nxdomain_edns");
+    let info = *Reply::parse(nxdomain).unwrap().info();
+    assert_eq!(info.rcode, 3);
+    // The zone's SOA: TTL 30, MINIMUM 5.
+    assert_eq!(info.negative_ttl, Some(5));
+
+    let (_, nodata) = knot!("nodata_plain");
+    let info = *Reply::parse(nodata).unwrap().info();
+    assert_eq!(
+        (info.rcode, info.answers, info.negative_ttl),
+        (0, 0, Some(5))
+    );
+
+    let (_, cut) = knot!("big_txt_udp512");
+    assert!(Reply::parse(cut).unwrap().info().truncated);
+}
+
+#[test]
+fn knot_badvers_is_recognised_both_ways() {
+    let (query, reply) = knot!("badvers");
+    let err = Query::parse(query).unwrap_err();
+    assert_eq!(err, crate::ParseError::BadVersion(1));
+    assert_eq!(err.rcode(), Some(crate::rcode::BADVERS));
+    assert_eq!(
+        Reply::parse(reply).unwrap().info().rcode,
+        crate::rcode::BADVERS
+    );
+    // What we would have answered carries the same extended RCODE.
+    let mut ours = Vec::new();
+    assert!(write_formerr(query, crate::rcode::BADVERS, &mut ours));
+    let ours = decode(&ours);
+    assert_eq!(
+        u16::from(ours.metadata.response_code),
+        crate::rcode::BADVERS
+    );
+    assert_eq!(ours.edns.map(|e| e.version()), Some(0));
+}
+
+#[test]
+fn knot_reply_too_big_for_udp_is_cut_for_a_plain_client() {
+    let (query, _) = knot!("big_txt_udp512");
+    let whole = include_bytes!("../fuzz/seeds/reply_parse/big_txt_tcp");
+    let reply = Reply::parse(whole).unwrap();
+    let query = Query::parse(query).unwrap();
+    let mut out = Vec::new();
+    reply.write_answer(
+        &query,
+        TtlRule { age: 0, cap: 30 },
+        query.udp_limit(),
+        &mut out,
+    );
+    let served = decode(&out);
+    assert!(served.metadata.truncation);
+    assert!(served.answers.is_empty());
+    reply.write_answer(&query, TtlRule { age: 0, cap: 30 }, 65535, &mut out);
+    let served = decode(&out);
+    assert!(!served.metadata.truncation);
+    assert_eq!(served.answers.len(), 1);
+}
+
+#[test]
+fn seed_streams_split_into_frames() {
+    let stream = include_bytes!("../fuzz/seeds/frame_split/replies");
+    let mut rest = &stream[..];
+    let mut replies = 0;
+    while let Ok(Some((message, consumed))) = frame::split(rest) {
+        Reply::parse(message).unwrap();
+        replies += 1;
+        rest = &rest[consumed..];
+    }
+    assert_eq!((replies, rest.len()), (10, 0));
+
+    let queries = include_bytes!("../fuzz/seeds/frame_split/two_queries_and_a_partial");
+    let (first, used) = frame::split(queries).unwrap().unwrap();
+    Query::parse(first).unwrap();
+    let (second, used2) = frame::split(&queries[used..]).unwrap().unwrap();
+    Query::parse(second).unwrap();
+    assert_eq!(frame::split(&queries[used + used2..]), Ok(None));
+}

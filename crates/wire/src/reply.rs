@@ -114,8 +114,10 @@ impl Reply {
     /// Validates and indexes an upstream reply: QR set, exactly one question, every name and
     /// record inside the bytes (compression pointers point backwards, loops rejected), at most
     /// one OPT and only as the last record (it is removed and ARCOUNT lowered), and the first
-    /// authority SOA's RDATA well-formed (its MINIMUM is read). Other RDATA is copied as it is,
-    /// not interpreted. Never panics.
+    /// authority SOA's RDATA well-formed (its MINIMUM is read). No owner name may point into the
+    /// header or be read from a TTL field, since both are rewritten when the reply is served
+    /// (no real encoder does either). Other RDATA is copied as it is, not interpreted (so a name
+    /// inside, say, a CNAME's RDATA is not checked for that). Never panics.
     pub fn parse(bytes: &[u8]) -> Result<Self, ReplyError> {
         // Offsets are stored as u16; RFC 1035 §4.2.2 caps a message at 65535 bytes anyway.
         if bytes.len() > usize::from(u16::MAX) {
@@ -153,7 +155,7 @@ impl Reply {
         let mut opt = None;
         let mut pos = question_end;
         for index in 0..total {
-            let record = Record::read(bytes, pos)?;
+            let record = Record::read(bytes, pos, &ttls)?;
             let section = if index < usize::from(ancount) {
                 Section::Answer
             } else if index < usize::from(ancount) + usize::from(nscount) {
@@ -178,7 +180,7 @@ impl Reply {
                     && negative_ttl.is_none()
                 {
                     // RFC 2308 §5: the TTL of a negative answer is min(SOA TTL, SOA MINIMUM).
-                    let minimum = soa_minimum(bytes, record.rdata, record.end)?;
+                    let minimum = soa_minimum(bytes, record.rdata, record.end, &ttls)?;
                     negative_ttl = Some(ttl.min(sane_ttl(minimum)));
                 }
                 ttls.push(u16::try_from(record.fixed + 4).map_err(|_| ReplyError::TooLarge)?);
@@ -327,8 +329,10 @@ struct Record {
 }
 
 impl Record {
-    fn read(msg: &[u8], pos: usize) -> Result<Record, ReplyError> {
-        let fixed = name::skip(msg, pos).map_err(|e| match e {
+    /// Reads the record at `pos`. Its owner name must not be read, through a pointer, from any
+    /// of the TTL fields at `ttls` (they change on every answer served).
+    fn read(msg: &[u8], pos: usize, ttls: &[u16]) -> Result<Record, ReplyError> {
+        let fixed = name::skip_avoiding(msg, pos, ttls).map_err(|e| match e {
             NameError::Malformed => ReplyError::BadName,
             NameError::Truncated => ReplyError::Truncated,
         })?;
@@ -357,11 +361,11 @@ impl Record {
 /// The MINIMUM field of SOA RDATA spanning `rdata..end` (RFC 1035 §3.3.13: MNAME, RNAME, then
 /// five 32-bit fields, MINIMUM last). The names are walked, so RDATA whose names and fields do
 /// not add up to its length is rejected rather than read at a wrong offset.
-fn soa_minimum(msg: &[u8], rdata: usize, end: usize) -> Result<u32, ReplyError> {
+fn soa_minimum(msg: &[u8], rdata: usize, end: usize, ttls: &[u16]) -> Result<u32, ReplyError> {
     // Names inside RDATA may point anywhere before them, but must not run past the RDATA.
     let rdata_bytes = msg.get(..end).ok_or(ReplyError::Truncated)?;
     let walk = |at| {
-        name::skip(rdata_bytes, at).map_err(|e| match e {
+        name::skip_avoiding(rdata_bytes, at, ttls).map_err(|e| match e {
             NameError::Malformed => ReplyError::BadName,
             NameError::Truncated => ReplyError::Truncated,
         })
@@ -630,13 +634,43 @@ mod tests {
     }
 
     #[test]
+    fn owner_name_read_from_a_ttl_field_is_bad_name() {
+        // The first answer's TTL is 0x0261_6200: as a name, the label "ab" then the root. A later
+        // owner pointing there would change name as the TTL is patched.
+        let (_, mut msg) = positive();
+        msg.edns = None;
+        msg.answers.truncate(1);
+        msg.answers[0].ttl = 0x0261_6200;
+        let bytes = encode(&msg);
+        let question_end = name::skip_uncompressed(&bytes, HEADER_LEN).unwrap() + 4;
+        let ttl_at = Record::read(&bytes, question_end, &[]).unwrap().fixed + 4;
+        let mut rr = vec![0xC0, ttl_at as u8];
+        rr.extend_from_slice(&A_RECORD[2..]);
+        let bytes = with_extra_additional(&msg, &[&rr]);
+        // The name itself is well-formed; only where it is read from is wrong.
+        let rr_at = bytes.len() - rr.len();
+        assert_eq!(name::skip(&bytes, rr_at), Ok(rr_at + 2));
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+    }
+
+    #[test]
+    fn owner_name_pointing_into_the_header_is_bad_name() {
+        let (_, mut msg) = positive();
+        msg.edns = None;
+        let mut rr = A_RECORD.to_vec();
+        rr[1] = 0x0B; // ARCOUNT's low byte.
+        let bytes = with_extra_additional(&msg, &[&rr]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+    }
+
+    #[test]
     fn soa_whose_rdata_does_not_add_up_is_rejected() {
         let query = query_message(1, "nope.cluster.local.", RecordType::A, None);
         let mut msg = response_to(&query);
         msg.add_authority(soa("cluster.local.", 30, 5));
         let bytes = encode(&msg);
         let question_end = name::skip_uncompressed(&bytes, HEADER_LEN).unwrap() + 4;
-        let record = Record::read(&bytes, question_end).unwrap();
+        let record = Record::read(&bytes, question_end, &[]).unwrap();
         let rdlen = (record.end - record.rdata) as u16;
         // One byte more RDATA than the SOA fields take.
         let mut longer = bytes.clone();
