@@ -1,0 +1,309 @@
+//! Host networking glue: the flags, the capability check, and the reconcile loop around
+//! `nodedns_hostnet::Host`.
+//!
+//! node-cache's flag names are accepted as aliases (the config module also rewrites their
+//! single-dash Go spelling), and its boolean flags take an optional `=VALUE`
+//! (`--setup-interface=false`), as Go's flag package does.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::ArgAction;
+use nodedns_hostnet::{Backend, Host, LinkKind, Metrics, Spec, error_chain};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct HostArgs {
+    /// Create and maintain the link holding the local IPs (node-cache `-setupinterface`).
+    #[arg(long, alias = "setupinterface", default_value_t = true, num_args = 0..=1,
+          default_missing_value = "true", action = ArgAction::Set)]
+    pub setup_interface: bool,
+
+    /// Write and maintain the NOTRACK/ACCEPT rules (node-cache `-setupiptables`).
+    #[arg(long, alias = "setupiptables", default_value_t = true, num_args = 0..=1,
+          default_missing_value = "true", action = ArgAction::Set)]
+    pub setup_rules: bool,
+
+    /// On shutdown, leave the link and the rules in place (node-cache `-skipteardown`).
+    #[arg(long, alias = "skipteardown", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = ArgAction::Set)]
+    pub skip_teardown: bool,
+
+    /// Name of the link that holds the local IPs (node-cache `-interfacename`).
+    #[arg(long, alias = "interfacename", default_value = nodedns_hostnet::NODE_CACHE_LINK)]
+    pub interface_name: String,
+
+    /// Kind of that link: `dummy` (node-cache's), or `bridge` for kernels without the dummy
+    /// driver (CONFIG_DUMMY), such as some CI machines.
+    #[arg(long, default_value = "dummy")]
+    pub link_kind: LinkKind,
+
+    /// How often the link, addresses and rules are re-checked and repaired (node-cache
+    /// `-syncinterval`): a Go duration (`60s`, `1m30s`, `500ms`) or a bare number of seconds.
+    #[arg(long, alias = "syncinterval", default_value = "60s", value_parser = parse_interval)]
+    pub sync_interval: Duration,
+
+    /// Where the rules go: `auto` (match kube-proxy: nftables if it runs in nftables mode,
+    /// else iptables in the node's iptables mode), `nftables`, or `iptables`.
+    #[arg(long, default_value = "auto")]
+    pub rules_backend: Backend,
+
+    /// No link and no rules at all, just serve (Cilium local redirect policy, where the agent
+    /// runs as an ordinary pod and Cilium steers the ClusterIP's traffic to it).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true",
+          action = ArgAction::Set)]
+    pub no_setup: bool,
+}
+
+/// A Go `time.Duration` string (`1h2m3.5s`, `500ms`, `90s`) or a bare number of seconds
+/// (node-cache multiplies its `-syncinterval` by one second). Zero is refused: the loop would spin.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid interval `{text}` (e.g. 60s, 1m30s, 500ms)");
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return (seconds > 0)
+            .then(|| Duration::from_secs(seconds))
+            .ok_or_else(bad);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(number_len);
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(bad()),
+        };
+        total += Duration::try_from_secs_f64(value * scale).map_err(|_| bad())?;
+        rest = tail;
+    }
+    if total.is_zero() {
+        return Err(bad());
+    }
+    Ok(total)
+}
+
+/// The running host plumbing and its reconcile loop.
+#[derive(Debug)]
+pub struct HostHandle {
+    host: Arc<Host>,
+    stop: watch::Sender<bool>,
+    reconcile: JoinHandle<()>,
+    skip_teardown: bool,
+}
+
+/// Sets up the host networking for `local_ips` and starts the reconcile loop. Does nothing
+/// (`Ok(None)`) when `local_ips` is empty or with `--no-setup`, or when both the link and the
+/// rules are switched off. Fails when a capability is missing or setup fails (the error names
+/// what failed, e.g. a kernel without the dummy driver).
+pub async fn start(
+    args: &HostArgs,
+    local_ips: &[IpAddr],
+    health_port: Option<u16>,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<HostHandle>> {
+    if local_ips.is_empty() || args.no_setup || !(args.setup_interface || args.setup_rules) {
+        tracing::info!("host networking: no setup (no local IPs, or --no-setup)");
+        return Ok(None);
+    }
+    nodedns_hostnet::check_capabilities().map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
+    let spec = Spec {
+        link_name: args.interface_name.clone(),
+        link_kind: args.link_kind,
+        health_port,
+        backend: args.rules_backend,
+        setup_link: args.setup_interface,
+        setup_rules: args.setup_rules,
+        ..Spec::new(local_ips.to_vec())
+    };
+    let host = Host::setup(spec, metrics)
+        .await
+        .map_err(|e| anyhow::anyhow!(error_chain(&e)))
+        .context("host networking setup")?;
+    tracing::info!(
+        link = %args.interface_name,
+        ips = ?local_ips,
+        rules = %host.ruleset().map_or("not managed".to_owned(), |r| r.to_string()),
+        interval = ?args.sync_interval,
+        "host networking ready"
+    );
+    let host = Arc::new(host);
+    let (stop, stopped) = watch::channel(false);
+    let reconcile = tokio::spawn(reconcile_loop(host.clone(), args.sync_interval, stopped));
+    Ok(Some(HostHandle {
+        host,
+        stop,
+        reconcile,
+        skip_teardown: args.skip_teardown,
+    }))
+}
+
+async fn reconcile_loop(host: Arc<Host>, interval: Duration, mut stopped: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.changed() => return,
+        }
+        // Failures are counted by kind inside; repairs are logged there too.
+        if let Err(e) = host.reconcile().await {
+            tracing::warn!(error = %error_chain(&e), "host networking check failed");
+        }
+    }
+}
+
+impl HostHandle {
+    /// Step 1 of shutdown: withdraws the rules for the service IPs (the kube-dns ClusterIP), so
+    /// new queries go through kube-proxy to CoreDNS while we still answer what already arrived.
+    /// The reconcile loop keeps running and keeps them withdrawn. Skipped with
+    /// `--skip-teardown`, which leaves everything as it is.
+    pub async fn withdraw(&self) {
+        if self.skip_teardown {
+            return;
+        }
+        match self.host.withdraw_service_ips().await {
+            Ok(()) => tracing::info!("service-IP rules withdrawn"),
+            Err(e) => tracing::error!(error = %error_chain(&e), "withdrawing service-IP rules"),
+        }
+    }
+
+    /// Last step of shutdown: stops the reconcile loop, then (unless `--skip-teardown`)
+    /// removes the remaining rules and the link.
+    pub async fn teardown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.reconcile.await;
+        if self.skip_teardown {
+            tracing::info!("--skip-teardown: leaving the link and rules in place");
+            return;
+        }
+        let Some(host) = Arc::into_inner(self.host) else {
+            tracing::error!("host networking still in use; not tearing down");
+            return;
+        };
+        match host.teardown().await {
+            Ok(()) => tracing::info!("host networking removed"),
+            Err(e) => tracing::error!(error = %error_chain(&e), "tearing down host networking"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        host: HostArgs,
+    }
+
+    fn parse(args: &[&str]) -> HostArgs {
+        Cli::try_parse_from(std::iter::once("nodedns").chain(args.iter().copied()))
+            .unwrap()
+            .host
+    }
+
+    #[test]
+    fn defaults_are_node_caches() {
+        let a = parse(&[]);
+        assert!(a.setup_interface && a.setup_rules && !a.skip_teardown && !a.no_setup);
+        assert_eq!(a.interface_name, "nodelocaldns");
+        assert_eq!(a.link_kind, LinkKind::Dummy);
+        assert_eq!(a.sync_interval, Duration::from_secs(60));
+        assert_eq!(a.rules_backend, Backend::Auto);
+    }
+
+    #[test]
+    fn boolean_flags_take_an_optional_go_style_value() {
+        let a = parse(&[
+            "--setup-interface=false",
+            "--skip-teardown",
+            "--setup-rules",
+            "false",
+        ]);
+        assert!(!a.setup_interface && a.skip_teardown && !a.setup_rules);
+        let a = parse(&[
+            "--setupinterface=false",
+            "--setupiptables=true",
+            "--skipteardown=false",
+        ]);
+        assert!(!a.setup_interface && a.setup_rules && !a.skip_teardown);
+        assert!(parse(&["--no-setup"]).no_setup);
+        assert!(!parse(&["--no-setup=false"]).no_setup);
+    }
+
+    #[test]
+    fn node_cache_names_and_ours_both_set_the_link_and_interval() {
+        let a = parse(&[
+            "--interfacename",
+            "nl",
+            "--syncinterval",
+            "1m30s",
+            "--link-kind",
+            "bridge",
+        ]);
+        assert_eq!(a.interface_name, "nl");
+        assert_eq!(a.sync_interval, Duration::from_secs(90));
+        assert_eq!(a.link_kind, LinkKind::Bridge);
+        let a = parse(&["--rules-backend", "nftables", "--sync-interval", "1s"]);
+        assert_eq!(a.rules_backend, Backend::Nftables);
+        assert_eq!(a.sync_interval, Duration::from_secs(1));
+        assert!(Cli::try_parse_from(["nodedns", "--link-kind", "veth"]).is_err());
+        assert!(Cli::try_parse_from(["nodedns", "--rules-backend", "ipvs"]).is_err());
+    }
+
+    #[test]
+    fn intervals_are_go_durations_or_bare_seconds() {
+        assert_eq!(parse_interval("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_interval("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_interval("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_interval("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in [
+            "", "0", "0s", "s", "10x", "1m30", "-1s", "1e400s", "..s", "🦀",
+        ] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_is_set_up_without_local_ips_or_with_no_setup() {
+        let metrics = Metrics::default();
+        assert!(
+            start(&parse(&[]), &[], None, &metrics)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let ips = ["169.254.20.10".parse().unwrap()];
+        assert!(
+            start(&parse(&["--no-setup"]), &ips, None, &metrics)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let off = parse(&["--setup-interface=false", "--setup-rules=false"]);
+        assert!(start(&off, &ips, None, &metrics).await.unwrap().is_none());
+    }
+}
