@@ -20,7 +20,8 @@
 //! Invariants:
 //! - A served TTL never exceeds the entry's remaining lifetime (fresh) or the stale TTL (stale):
 //!   [`Lookup`] carries the [`nodedns_wire::TtlRule`] that enforces it.
-//! - The lookup path allocates nothing and takes no lock of this crate's own.
+//! - A lookup allocates nothing (but for the one that removes an expired entry) and takes no lock
+//!   of this crate's own.
 //! - The sum of entry weights (key + reply heap bytes + [`ENTRY_OVERHEAD`]) stays within
 //!   `Policy::capacity_bytes` once moka's pending maintenance has run.
 

@@ -136,7 +136,8 @@ impl Cache {
         &self.policy
     }
 
-    /// Looks `key` up at `now`. Allocates nothing.
+    /// Looks `key` up at `now`. Allocates nothing, except on the one lookup that finds an entry
+    /// past all use and removes it (moka's removal allocates a few small objects).
     ///
     /// The age is whole seconds since the entry was stored (0 if `now` is earlier). An entry is
     /// fresh while its age is below its lifetime; then, with a stale policy and for success and
