@@ -1,3 +1,4 @@
+#![allow(dead_code, unused_imports)]
 //! Configuration: what the agent serves, where, and how.
 //!
 //! Two sources produce the same [`Config`]: nodedns's own flags (`--listen`, `--upstream`: one
@@ -5,14 +6,44 @@
 //! `__PILLAR__` variables, node-cache's single-dash flags, the kube-dns ConfigMap). Loading is a
 //! pure function of its inputs (file contents, environment map, resolv.conf text), so tests feed
 //! it maps and strings; only [`load`] touches the filesystem.
+//!
+//! The pieces, in the order a load runs them:
+//! - `args`: the flags, and [`normalize_args`] for node-cache's Go-style spelling;
+//! - `kubedns`: the kube-dns ConfigMap's `stubDomains` and `upstreamNameservers`;
+//! - `template`: node-cache's `__PILLAR__` variables, and the node's resolv.conf;
+//! - `corefile`: Corefile syntax (words, blocks, `{$ENV}`), with a line for every word;
+//! - `directives`: what each directive means, every problem collected with `file:line`;
+//! - [`build`] here: CLI mode, kube-dns stub domains and upstreams, checks across blocks
+//!   (duplicate zones, forwarding loops);
+//! - `route`: the per-query [`Router`]; `watch`: change notification for live reload.
 
-use std::net::{IpAddr, SocketAddr};
+mod args;
+mod corefile;
+mod directives;
+mod kubedns;
+mod route;
+mod template;
+mod values;
+mod watch;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+pub use args::{ConfigArgs, normalize_args};
+pub use kubedns::KubeDns;
+pub use route::{Route, Router};
+pub use watch::watch;
+
+use directives::Placed;
+use nodedns_upstream::Transport;
 
 /// A complete, validated configuration. The agent publishes it as one immutable snapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// Server blocks, in file order.
+    /// Server blocks, in file order; kube-dns stub domains last.
     pub servers: Vec<Server>,
     /// The node-local addresses the host plumbing puts on the link and exempts from conntrack
     /// (node-cache `-localip`): the link-local address and, in iptables/nftables mode, the kube-dns
@@ -20,12 +51,17 @@ pub struct Config {
     pub local_ips: Vec<IpAddr>,
     /// Liveness endpoint (`health` directive, node-cache `-health-port`).
     pub health: Option<SocketAddr>,
+    /// `health { lameduck D }`: keep answering for D after shutdown starts.
+    pub lameduck: Option<Duration>,
     /// Readiness endpoint (`ready` directive).
     pub ready: Option<SocketAddr>,
     /// Prometheus endpoint (`prometheus` directive, `-metrics-listen-address`).
     pub metrics: Option<SocketAddr>,
     /// Polling interval for the Corefile, when the `reload` directive asks for one.
     pub reload: Option<Duration>,
+    /// Settings accepted but meaning something slightly different in nodedns, each with its
+    /// `file:line`: the agent logs them once per load.
+    pub warnings: Vec<String>,
 }
 
 /// One server block: the zones it answers, where it listens, its cache and its upstreams.
@@ -43,6 +79,8 @@ pub struct Server {
     pub log: bool,
     /// `errors`: log failed upstream exchanges of this block.
     pub errors: bool,
+    /// `loop`: probe at start whether queries sent upstream come back (CoreDNS's loop plugin).
+    pub loop_check: bool,
 }
 
 /// A `forward` directive.
@@ -54,3 +92,606 @@ pub struct Forward {
     pub except: Vec<String>,
     pub upstream: nodedns_upstream::Config,
 }
+
+impl Config {
+    /// What differs between `self` (running) and `next` that a reload cannot apply: sockets
+    /// already bound. Empty when `next` can be swapped in completely.
+    pub fn restart_needed(&self, next: &Config) -> Vec<String> {
+        let listen = |c: &Config| {
+            let mut all: Vec<SocketAddr> = c
+                .servers
+                .iter()
+                .flat_map(|s| s.listen.iter().copied())
+                .collect();
+            all.sort();
+            all.dedup();
+            all
+        };
+        let mut out = Vec::new();
+        let (old, new) = (listen(self), listen(next));
+        if old != new {
+            out.push(format!("listen addresses {old:?} → {new:?}"));
+        }
+        if self.local_ips != next.local_ips {
+            out.push(format!(
+                "local IPs {:?} → {:?}",
+                self.local_ips, next.local_ips
+            ));
+        }
+        for (what, a, b) in [
+            ("health", self.health, next.health),
+            ("ready", self.ready, next.ready),
+            ("metrics", self.metrics, next.metrics),
+        ] {
+            if a != b {
+                out.push(format!("{what} address {a:?} → {b:?}"));
+            }
+        }
+        out
+    }
+}
+
+/// One thing wrong with the configuration, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// `file:line`, `file`, or `None` for problems of the flags as a whole.
+    pub location: Option<String>,
+    pub message: String,
+}
+
+impl Problem {
+    pub(crate) fn at(file: &str, line: usize, message: String) -> Problem {
+        Problem {
+            location: Some(format!("{file}:{line}")),
+            message,
+        }
+    }
+
+    pub(crate) fn in_file(file: &str, message: String) -> Problem {
+        Problem {
+            location: Some(file.to_owned()),
+            message,
+        }
+    }
+
+    pub(crate) fn general(message: String) -> Problem {
+        Problem {
+            location: None,
+            message,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.location {
+            Some(at) => write!(f, "{at}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Every problem found, not just the first.
+    #[error("invalid configuration:\n  {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  "))]
+    Invalid { problems: Vec<Problem> },
+}
+
+impl ConfigError {
+    fn invalid(problems: Vec<Problem>) -> ConfigError {
+        ConfigError::Invalid { problems }
+    }
+}
+
+/// Every input of a load, so tests feed strings and maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// The Corefile (or node-cache template) and its path; `None` in CLI mode.
+    pub corefile: Option<(PathBuf, String)>,
+    /// The process environment: `{$NAME}` in the Corefile and the `-upstreamsvc` Service's
+    /// `*_SERVICE_HOST`.
+    pub env: HashMap<String, String>,
+    /// Contents of `--resolv-conf`.
+    pub resolv_conf: String,
+    /// The kube-dns ConfigMap, when its directory is mounted.
+    pub kubedns: Option<KubeDns>,
+}
+
+/// node-cache's default `-basecorefile`, where nodelocaldns.yaml mounts its ConfigMap.
+pub(crate) const DEFAULT_BASE_COREFILE: &str = "/etc/coredns/Corefile.base";
+/// node-cache's default kube-dns ConfigMap directory, used when it exists.
+pub(crate) const DEFAULT_KUBEDNS_DIR: &str = "/etc/kube-dns";
+
+/// Which file is read, and where the rendered Corefile is written (node-cache renders its
+/// template into `-conf`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Source {
+    pub read: PathBuf,
+    pub write: Option<PathBuf>,
+}
+
+/// node-cache's rule: the template is `-basecorefile` (default /etc/coredns/Corefile.base), and
+/// the rendered result goes to `-conf`. Without a template file, `-conf` is read as is (its
+/// pillars are filled all the same). No `--conf` and no `--basecorefile`: CLI mode.
+pub(crate) fn corefile_source(args: &ConfigArgs) -> Option<Source> {
+    match (&args.basecorefile, &args.conf) {
+        (Some(base), conf) => Some(Source {
+            read: base.clone(),
+            write: conf.clone().filter(|c| c != base),
+        }),
+        (None, Some(conf)) => {
+            let base = Path::new(DEFAULT_BASE_COREFILE);
+            if base.is_file() && base != conf {
+                Some(Source {
+                    read: base.to_path_buf(),
+                    write: Some(conf.clone()),
+                })
+            } else {
+                Some(Source {
+                    read: conf.clone(),
+                    write: None,
+                })
+            }
+        }
+        (None, None) => None,
+    }
+}
+
+/// `--kubednscm`, or in Corefile mode node-cache's default directory when it exists.
+pub(crate) fn kubedns_dir(args: &ConfigArgs) -> Option<PathBuf> {
+    args.kubednscm.clone().or_else(|| {
+        let default = Path::new(DEFAULT_KUBEDNS_DIR);
+        (corefile_source(args).is_some() && default.is_dir()).then(|| default.to_path_buf())
+    })
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A ConfigMap key: `None` when the file is absent.
+fn read_key(dir: &Path, key: &str) -> Result<Option<String>, ConfigError> {
+    let path = dir.join(key);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ConfigError::Read { path, source }),
+    }
+}
+
+/// Reads every input `args` names: the Corefile, the kube-dns ConfigMap, the resolv.conf, the
+/// environment.
+pub fn read_inputs(args: &ConfigArgs) -> Result<Inputs, ConfigError> {
+    let corefile = match corefile_source(args) {
+        Some(source) => Some((source.read.clone(), read(&source.read)?)),
+        None => None,
+    };
+    let kubedns = match kubedns_dir(args) {
+        Some(dir) => {
+            std::fs::read_dir(&dir).map_err(|source| ConfigError::Read {
+                path: dir.clone(),
+                source,
+            })?;
+            Some(KubeDns {
+                stub_domains: read_key(&dir, kubedns::STUB_DOMAINS)?,
+                upstream_nameservers: read_key(&dir, kubedns::UPSTREAM_NAMESERVERS)?,
+                dir,
+            })
+        }
+        None => None,
+    };
+    Ok(Inputs {
+        corefile,
+        env: std::env::vars().collect(),
+        resolv_conf: read(&args.resolv_conf)?,
+        kubedns,
+    })
+}
+
+/// Reads the files `args` names, then [`build`]s. When a node-cache template was rendered into
+/// `--conf`, the rendered Corefile is written there, as node-cache does (for operators who look
+/// at it; nodedns itself never reads it back). A failed write is logged, not fatal.
+pub fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
+    let inputs = read_inputs(args)?;
+    let (config, rendered) = build_rendered(args, &inputs)?;
+    if let (
+        Some(Source {
+            write: Some(out), ..
+        }),
+        Some(text),
+    ) = (corefile_source(args), rendered)
+    {
+        if std::fs::read_to_string(&out).ok().as_deref() != Some(text.as_str()) {
+            if let Err(e) = std::fs::write(&out, text) {
+                tracing::warn!(path = %out.display(), error = %e, "cannot write the rendered Corefile");
+            }
+        }
+    }
+    Ok(config)
+}
+
+/// The configuration `args` and `inputs` describe. Pure: every problem is reported at once.
+pub fn build(args: &ConfigArgs, inputs: &Inputs) -> Result<Config, ConfigError> {
+    build_rendered(args, inputs).map(|(config, _)| config)
+}
+
+/// What the Corefile configures, before the checks across blocks.
+struct Layout {
+    servers: Vec<Placed>,
+    health: Option<SocketAddr>,
+    lameduck: Option<Duration>,
+    ready: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+    reload: Option<Duration>,
+    warnings: Vec<String>,
+}
+
+fn build_rendered(
+    args: &ConfigArgs,
+    inputs: &Inputs,
+) -> Result<(Config, Option<String>), ConfigError> {
+    let mut problems = Vec::new();
+    if args.setup_ebtables {
+        problems.push(Problem::general(
+            "-setupebtables: ebtables rules are not implemented (nodedns's rules do not need \
+             them); remove the flag"
+                .to_owned(),
+        ));
+    }
+    let kube = match &inputs.kubedns {
+        Some(k) => kubedns::interpret(k, &mut problems),
+        None => kubedns::Parsed::default(),
+    };
+    let (layout, rendered) = match &inputs.corefile {
+        Some((path, text)) => {
+            let Some((layout, rendered)) =
+                corefile_layout(args, inputs, path, text, &kube, &mut problems)
+            else {
+                return Err(ConfigError::invalid(problems));
+            };
+            (layout, Some(rendered))
+        }
+        None => (cli_layout(args, inputs, &mut problems), None),
+    };
+    let Layout {
+        mut servers,
+        health,
+        lameduck,
+        ready,
+        metrics,
+        reload,
+        warnings,
+    } = layout;
+
+    let stub_file = inputs
+        .kubedns
+        .as_ref()
+        .map(|k| k.dir.join(kubedns::STUB_DOMAINS).display().to_string());
+    apply_kubedns(
+        args,
+        &kube,
+        stub_file.as_deref(),
+        &mut servers,
+        &mut problems,
+    );
+    check_duplicates(&servers, &mut problems);
+    check_loops(args, &servers, &mut problems);
+
+    if problems.is_empty() {
+        let config = Config {
+            servers: servers.into_iter().map(|p| p.server).collect(),
+            local_ips: args.local_ip.clone(),
+            health,
+            lameduck,
+            ready,
+            metrics,
+            reload,
+            warnings,
+        };
+        Ok((config, rendered))
+    } else {
+        Err(ConfigError::invalid(problems))
+    }
+}
+
+fn corefile_layout(
+    args: &ConfigArgs,
+    inputs: &Inputs,
+    path: &Path,
+    text: &str,
+    kube: &kubedns::Parsed,
+    problems: &mut Vec<Problem>,
+) -> Option<(Layout, String)> {
+    let file = path.display().to_string();
+    let fill = template::Fill {
+        local_ips: &args.local_ip,
+        upstream_service: &args.upstreamsvc,
+        env: &inputs.env,
+        resolv_conf_path: &args.resolv_conf,
+        upstream_nameservers: kube.upstreams.as_deref(),
+    };
+    let rendered = template::render(&file, text, &fill)
+        .map_err(|p| problems.extend(p))
+        .ok()?;
+    let blocks = corefile::parse(&file, &rendered.text, &inputs.env)
+        .map_err(|p| problems.extend(p))
+        .ok()?;
+    if blocks.is_empty() {
+        problems.push(Problem::in_file(&file, "has no server block".to_owned()));
+        return None;
+    }
+    let ctx = directives::Ctx {
+        file: &file,
+        dns_port: args.dns_port,
+        resolv_conf_path: &args.resolv_conf,
+        resolv_conf: &inputs.resolv_conf,
+        upstream_lines: &rendered.upstream_lines,
+        kube_upstreams: kube.upstreams.is_some(),
+    };
+    let parsed = directives::interpret(&blocks, &ctx, problems);
+    let mut warnings = parsed.warnings;
+    let directive_health = parsed.health.get();
+    if let (Some(port), Some(h)) = (args.health_port, directive_health) {
+        if h.port() != port {
+            warnings.push(format!(
+                "{file}: `health` listens on port {} but -health-port is {port}: the host rules \
+                 exempt port {port} from conntrack",
+                h.port()
+            ));
+        }
+    }
+    let mut metrics = parsed.metrics.get();
+    if let Some(flag) = args.metrics_listen_address {
+        match metrics {
+            None => metrics = Some(flag),
+            Some(m) if m != flag => warnings.push(format!(
+                "-metrics-listen-address {flag} is not opened: nodedns serves all its metrics, \
+                 host setup included, on the `prometheus` address {m}"
+            )),
+            Some(_) => {}
+        }
+    }
+    let layout = Layout {
+        servers: parsed.servers,
+        health: args.health.or(directive_health),
+        lameduck: parsed.lameduck.get(),
+        ready: parsed.ready.get(),
+        metrics,
+        reload: parsed.reload.get(),
+        warnings,
+    };
+    Some((layout, rendered.text))
+}
+
+/// CLI mode: one block for `.` on `--listen`, forwarding to `--upstream` (TCP) or the node's
+/// resolvers (UDP first), with nodedns's cache defaults.
+fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -> Layout {
+    let listen = if !args.listen.is_empty() {
+        args.listen.clone()
+    } else if !args.local_ip.is_empty() {
+        args.local_ip
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, args.dns_port))
+            .collect()
+    } else {
+        vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 5353)]
+    };
+    let (addrs, transport) = if args.upstream.is_empty() {
+        let file = args.resolv_conf.display().to_string();
+        match template::node_resolvers(&file, &inputs.resolv_conf) {
+            Ok(addrs) => (addrs, Transport::PreferUdp),
+            Err(p) => {
+                problems.extend(p);
+                (Vec::new(), Transport::PreferUdp)
+            }
+        }
+    } else {
+        (args.upstream.clone(), Transport::Tcp)
+    };
+    let server = Server {
+        zones: vec![".".to_owned()],
+        listen,
+        cache: Some(directives::default_policy(args.cache_size)),
+        forward: Some(Forward {
+            from: ".".to_owned(),
+            except: Vec::new(),
+            upstream: nodedns_upstream::Config {
+                addrs,
+                transport,
+                ..Default::default()
+            },
+        }),
+        log: false,
+        errors: true,
+        loop_check: false,
+    };
+    if let Err(e) = server
+        .cache
+        .as_ref()
+        .map_or(Ok(()), nodedns_cache::Policy::validate)
+    {
+        problems.push(Problem::general(format!("--cache-size: {e}")));
+    }
+    let health = args.health.or_else(|| {
+        let ip = args
+            .local_ip
+            .first()
+            .copied()
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        args.health_port.map(|port| SocketAddr::new(ip, port))
+    });
+    Layout {
+        servers: vec![Placed {
+            server,
+            origin: "the command line".to_owned(),
+        }],
+        health,
+        lameduck: None,
+        ready: None,
+        metrics: args.metrics_listen_address,
+        reload: None,
+        warnings: Vec::new(),
+    }
+}
+
+/// The cache node-cache gives stub domains (`cache 30`), with nodedns's defaults for the rest.
+fn stub_policy() -> nodedns_cache::Policy {
+    let mut p =
+        directives::default_policy(2 * directives::DEFAULT_ENTRIES * directives::BYTES_PER_ENTRY);
+    p.success.max = 30;
+    p.denial.max = 30;
+    p
+}
+
+/// kube-dns ConfigMap: `upstreamNameservers` replace the upstreams of `.` (over UDP, as
+/// node-cache); each stub domain becomes a block like the one node-cache appends (`errors`,
+/// `cache 30`, bound to the local IPs, forwarding over UDP).
+fn apply_kubedns(
+    args: &ConfigArgs,
+    kube: &kubedns::Parsed,
+    stub_file: Option<&str>,
+    servers: &mut Vec<Placed>,
+    problems: &mut Vec<Problem>,
+) {
+    if let Some(upstreams) = &kube.upstreams {
+        let mut replaced = false;
+        for p in servers.iter_mut() {
+            if !p.server.zones.iter().any(|z| z == ".") {
+                continue;
+            }
+            if let Some(f) = p.server.forward.as_mut().filter(|f| f.from == ".") {
+                f.upstream.addrs.clone_from(upstreams);
+                f.upstream.transport = Transport::PreferUdp;
+                replaced = true;
+            }
+        }
+        if !replaced {
+            problems.push(Problem::general(
+                "kube-dns upstreamNameservers: no server block forwards `.`, so there is nothing \
+                 for them to replace"
+                    .to_owned(),
+            ));
+        }
+    }
+    if kube.stub_domains.is_empty() {
+        return;
+    }
+    let listen: Vec<SocketAddr> = if args.local_ip.is_empty() {
+        servers
+            .iter()
+            .find(|p| p.server.zones.iter().any(|z| z == "."))
+            .map(|p| p.server.listen.clone())
+            .unwrap_or_default()
+    } else {
+        args.local_ip
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, args.dns_port))
+            .collect()
+    };
+    if listen.is_empty() {
+        problems.push(Problem::general(
+            "kube-dns stubDomains: no address to serve them on: pass -localip, or serve `.`"
+                .to_owned(),
+        ));
+        return;
+    }
+    let origin = stub_file.unwrap_or(kubedns::STUB_DOMAINS);
+    for (zone, addrs) in &kube.stub_domains {
+        servers.push(Placed {
+            server: Server {
+                zones: vec![zone.clone()],
+                listen: listen.clone(),
+                cache: Some(stub_policy()),
+                forward: Some(Forward {
+                    from: ".".to_owned(),
+                    except: Vec::new(),
+                    upstream: nodedns_upstream::Config {
+                        addrs: addrs.clone(),
+                        transport: Transport::PreferUdp,
+                        ..Default::default()
+                    },
+                }),
+                log: false,
+                errors: true,
+                loop_check: false,
+            },
+            origin: format!("{origin} ({zone})"),
+        });
+    }
+}
+
+/// Whether two listen sets receive some of the same queries.
+fn overlap(a: &[SocketAddr], b: &[SocketAddr]) -> Option<SocketAddr> {
+    a.iter().copied().find(|x| {
+        b.iter().any(|y| {
+            x == y || (x.port() == y.port() && (x.ip().is_unspecified() || y.ip().is_unspecified()))
+        })
+    })
+}
+
+/// The same zone served twice on one address would make routing ambiguous (CoreDNS refuses it
+/// too).
+fn check_duplicates(servers: &[Placed], problems: &mut Vec<Problem>) {
+    for (i, a) in servers.iter().enumerate() {
+        for b in &servers[i + 1..] {
+            let Some(addr) = overlap(&a.server.listen, &b.server.listen) else {
+                continue;
+            };
+            for zone in a.server.zones.iter().filter(|z| b.server.zones.contains(z)) {
+                problems.push(Problem::general(format!(
+                    "zone `{zone}` is served twice on {addr}: by {} and by {}",
+                    a.origin, b.origin
+                )));
+            }
+        }
+    }
+}
+
+/// An upstream that is nodedns itself: one of its listen addresses, or a local IP (which the
+/// host plumbing puts on the node-local link, so the cluster DNS behind it is never reached).
+fn check_loops(args: &ConfigArgs, servers: &[Placed], problems: &mut Vec<Problem>) {
+    let listens: Vec<SocketAddr> = servers
+        .iter()
+        .flat_map(|p| p.server.listen.iter().copied())
+        .collect();
+    for p in servers {
+        let Some(f) = &p.server.forward else { continue };
+        for addr in &f.upstream.addrs {
+            let own_listen = listens.iter().any(|l| {
+                l == addr
+                    || (l.ip().is_unspecified()
+                        && l.port() == addr.port()
+                        && (addr.ip().is_loopback()
+                            || addr.ip().is_unspecified()
+                            || args.local_ip.contains(&addr.ip())))
+            });
+            let what = if own_listen {
+                "one of nodedns's own listen addresses"
+            } else if args.local_ip.contains(&addr.ip()) {
+                "one of nodedns's local IPs (-localip), which live on the node-local link"
+            } else {
+                continue;
+            };
+            problems.push(Problem::general(format!(
+                "{}: forwarding to {addr} loops: it is {what}. Forward to the cluster DNS through \
+                 a Service nodedns does not intercept (kube-dns-upstream, filled into \
+                 __PILLAR__CLUSTER__DNS__ through -upstreamsvc), or to the node's resolvers",
+                p.origin
+            )));
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

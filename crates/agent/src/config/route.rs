@@ -1,0 +1,261 @@
+//! Which server block answers a query: among the blocks listening on the address the query
+//! arrived at, the one with the longest zone that the name is equal to or below (CoreDNS's
+//! rule). Runs once per query: zones are kept in wire form, built once per configuration, and a
+//! lookup walks the query name's labels without allocating.
+
+use std::net::SocketAddr;
+
+use super::{Server, values};
+
+/// Routing table built from a configuration's servers (same order: [`Route::server`] indexes
+/// `Config::servers`).
+#[derive(Debug, Clone)]
+pub struct Router {
+    blocks: Vec<Entry>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    listen: Vec<SocketAddr>,
+    zones: Vec<Box<[u8]>>,
+    /// `forward` FROM, in wire form; `None` when the block does not forward.
+    from: Option<Box<[u8]>>,
+    except: Vec<Box<[u8]>>,
+}
+
+/// Where a query goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// Index into `Config::servers`.
+    pub server: usize,
+    /// Index into that server's `zones`: the zone that matched (CoreDNS's `zone` metric label).
+    pub zone: usize,
+    /// Whether the block's `forward` takes this name: it is under FROM and under no `except`.
+    pub forward: bool,
+}
+
+/// Whether wire-form `name` is `zone` or below it: `zone` is a suffix of `name` that starts at a
+/// label boundary. `None` when `name` is malformed (a label runs past its end).
+fn suffix_at(name: &[u8], zone: &[u8]) -> Option<bool> {
+    let mut at = 0;
+    loop {
+        let rest = name.get(at..)?;
+        if rest.len() == zone.len() && rest == zone {
+            return Some(true);
+        }
+        let len = usize::from(*rest.first()?);
+        if len == 0 {
+            return Some(false);
+        }
+        at += 1 + len;
+    }
+}
+
+/// Whether a block listening on `listen` receives queries that arrive at `local`. A block bound
+/// to a wildcard address receives everything on its port.
+fn listens(listen: &[SocketAddr], local: SocketAddr) -> bool {
+    listen
+        .iter()
+        .any(|l| *l == local || (l.ip().is_unspecified() && l.port() == local.port()))
+}
+
+impl Router {
+    pub fn new(servers: &[Server]) -> Router {
+        let wire = |z: &String| values::wire(z).into_boxed_slice();
+        Router {
+            blocks: servers
+                .iter()
+                .map(|s| Entry {
+                    listen: s.listen.clone(),
+                    zones: s.zones.iter().map(wire).collect(),
+                    from: s.forward.as_ref().map(|f| wire(&f.from)),
+                    except: s
+                        .forward
+                        .as_ref()
+                        .map(|f| f.except.iter().map(wire).collect())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The block for `qname` (wire form, already lowercased) arriving at `local`; `None` when no
+    /// block listening there serves the name, or the name is malformed.
+    pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<Route> {
+        // Walk the name from its longest suffix (itself) to the root: the first suffix that is a
+        // zone of a block listening on `local` is the longest match.
+        let mut at = 0;
+        loop {
+            let rest = qname.get(at..)?;
+            for (server, block) in self.blocks.iter().enumerate() {
+                let Some(zone) = block.zones.iter().position(|z| **z == *rest) else {
+                    continue;
+                };
+                if !listens(&block.listen, local) {
+                    continue;
+                }
+                let forward = match &block.from {
+                    Some(from) => {
+                        suffix_at(qname, from)?
+                            && !block
+                                .except
+                                .iter()
+                                .any(|e| suffix_at(qname, e) == Some(true))
+                    }
+                    None => false,
+                };
+                return Some(Route {
+                    server,
+                    zone,
+                    forward,
+                });
+            }
+            let len = usize::from(*rest.first()?);
+            if len == 0 {
+                return None;
+            }
+            at += 1 + len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Forward;
+
+    fn server(zones: &[&str], listen: &[&str], forward: Option<(&str, &[&str])>) -> Server {
+        Server {
+            zones: zones
+                .iter()
+                .map(|z| values::canonical_name(z).unwrap())
+                .collect(),
+            listen: listen.iter().map(|a| a.parse().unwrap()).collect(),
+            cache: None,
+            forward: forward.map(|(from, except)| Forward {
+                from: values::canonical_name(from).unwrap(),
+                except: except
+                    .iter()
+                    .map(|e| values::canonical_name(e).unwrap())
+                    .collect(),
+                upstream: nodedns_upstream::Config::default(),
+            }),
+            log: false,
+            errors: false,
+            loop_check: false,
+        }
+    }
+
+    fn q(name: &str) -> Vec<u8> {
+        values::wire(&values::canonical_name(name).unwrap())
+    }
+
+    const LOCAL: &str = "169.254.20.10:53";
+
+    fn local() -> SocketAddr {
+        LOCAL.parse().unwrap()
+    }
+
+    #[test]
+    fn the_longest_matching_zone_wins() {
+        let servers = [
+            server(&["."], &[LOCAL], Some((".", &[]))),
+            server(&["cluster.local"], &[LOCAL], Some((".", &[]))),
+            server(&["svc.cluster.local"], &[LOCAL], None),
+        ];
+        let r = Router::new(&servers);
+        assert_eq!(
+            r.route(&q("kubernetes.default.svc.cluster.local"), local())
+                .unwrap()
+                .server,
+            2
+        );
+        assert_eq!(
+            r.route(&q("node1.cluster.local"), local()).unwrap().server,
+            1
+        );
+        assert_eq!(r.route(&q("cluster.local"), local()).unwrap().server, 1);
+        assert_eq!(r.route(&q("example.com"), local()).unwrap().server, 0);
+        assert_eq!(r.route(&q("."), local()).unwrap().server, 0);
+        // Label boundaries: `xcluster.local.` is not under `cluster.local.`.
+        assert_eq!(r.route(&q("xcluster.local"), local()).unwrap().server, 0);
+    }
+
+    #[test]
+    fn the_zone_index_names_which_zone_of_a_block_matched() {
+        let servers = [server(&["a.example", "b.example"], &[LOCAL], None)];
+        let r = Router::new(&servers);
+        assert_eq!(
+            r.route(&q("x.b.example"), local()),
+            Some(Route {
+                server: 0,
+                zone: 1,
+                forward: false
+            })
+        );
+        assert_eq!(r.route(&q("c.example"), local()), None);
+    }
+
+    #[test]
+    fn only_blocks_listening_on_the_local_address_are_considered() {
+        let servers = [
+            server(&["."], &["127.0.0.1:5353"], None),
+            server(&["."], &[LOCAL], None),
+            server(&["example.com"], &["0.0.0.0:53"], None),
+        ];
+        let r = Router::new(&servers);
+        assert_eq!(
+            r.route(&q("a.org"), "127.0.0.1:5353".parse().unwrap())
+                .unwrap()
+                .server,
+            0
+        );
+        assert_eq!(r.route(&q("a.org"), local()).unwrap().server, 1);
+        // The wildcard block receives everything on port 53.
+        assert_eq!(r.route(&q("www.example.com"), local()).unwrap().server, 2);
+        assert_eq!(
+            r.route(&q("www.example.com"), "127.0.0.1:5353".parse().unwrap())
+                .unwrap()
+                .server,
+            0
+        );
+        assert_eq!(r.route(&q("a.org"), "10.0.0.1:53".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn forward_applies_under_from_and_not_under_except() {
+        let servers = [server(
+            &["."],
+            &[LOCAL],
+            Some(("example.com", &["internal.example.com"])),
+        )];
+        let r = Router::new(&servers);
+        assert!(r.route(&q("www.example.com"), local()).unwrap().forward);
+        assert!(
+            !r.route(&q("internal.example.com"), local())
+                .unwrap()
+                .forward
+        );
+        assert!(
+            !r.route(&q("a.internal.example.com"), local())
+                .unwrap()
+                .forward
+        );
+        assert!(!r.route(&q("example.org"), local()).unwrap().forward);
+    }
+
+    #[test]
+    fn malformed_names_route_nowhere_and_never_panic() {
+        let servers = [server(&["."], &[LOCAL], Some((".", &[])))];
+        let r = Router::new(&servers);
+        for bad in [
+            &[][..],
+            &[5, b'a'][..],
+            &[1, b'a'][..],
+            &[63][..],
+            &[1, b'a', 9, 0][..],
+        ] {
+            assert_eq!(r.route(bad, local()), None, "{bad:?}");
+        }
+    }
+}
