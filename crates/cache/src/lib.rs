@@ -33,4 +33,4 @@ mod store;
 pub use entry::{Class, Entry};
 pub use flight::{Flights, Joined};
 pub use policy::{Clamp, MAX_TTL, Policy, PolicyError, Prefetch, Stale};
-pub use store::{Cache, ENTRY_OVERHEAD, Inserted, Lookup, Stats};
+pub use store::{Cache, ENTRY_OVERHEAD, Inserted, Lookup, Stats, Stored};

@@ -92,6 +92,13 @@ pub enum Inserted {
     NotCacheable,
 }
 
+/// What [`Cache::store`] did, with what to answer from.
+#[derive(Debug)]
+pub enum Stored {
+    Entry(Arc<Entry>),
+    NotCacheable(Reply),
+}
+
 /// Sizes for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -204,18 +211,28 @@ impl Cache {
     /// A `Stored` reply may still be refused by moka's admission when the cache is full and the
     /// key is less popular than what it would displace; that shows in [`Stats::evictions`].
     pub fn insert(&self, key: &[u8], reply: Reply, now: Instant) -> Inserted {
+        match self.store(key, reply, now) {
+            Stored::Entry(entry) => Inserted::Stored(entry.class()),
+            Stored::NotCacheable(_) => Inserted::NotCacheable,
+        }
+    }
+
+    /// Like [`Cache::insert`], but hands back what the caller needs to answer the clients that
+    /// waited for this reply: the new entry (served with `TtlRule { age: 0, cap: entry.ttl() }`),
+    /// or the reply itself when it is not cacheable. Neither counts as a hit.
+    pub fn store(&self, key: &[u8], reply: Reply, now: Instant) -> Stored {
         let Some((class, ttl)) = self.classify(&reply) else {
-            return Inserted::NotCacheable;
+            return Stored::NotCacheable(reply);
         };
         if ttl == 0 {
-            return Inserted::NotCacheable;
+            return Stored::NotCacheable(reply);
         }
         // Count before handing over: the listener's decrement for this entry (if it is refused
         // or replaced at once) can then never run ahead of the increment.
         self.counters.class(class).fetch_add(1, Ordering::Relaxed);
-        self.map
-            .insert(key.into(), Arc::new(Entry::new(reply, class, ttl, now)));
-        Inserted::Stored(class)
+        let entry = Arc::new(Entry::new(reply, class, ttl, now));
+        self.map.insert(key.into(), entry.clone());
+        Stored::Entry(entry)
     }
 
     /// The class and clamped lifetime `reply` would be stored with, or `None` if it is not
