@@ -654,7 +654,9 @@ fn cache_directive(d: &Directive, block_zones: &[String], out: &mut Out<'_>) -> 
         *clamp = Clamp { min: lo, max };
     }
     let policy = Policy {
-        capacity_bytes: (entries(cap[0]) + entries(cap[1])) * BYTES_PER_ENTRY,
+        capacity_bytes: entries(cap[0])
+            .saturating_add(entries(cap[1]))
+            .saturating_mul(BYTES_PER_ENTRY),
         success: clamps[0],
         denial: clamps[1],
         servfail_ttl: servfail,

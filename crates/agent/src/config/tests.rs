@@ -1305,3 +1305,39 @@ fn load_reports_unreadable_files() {
         other => panic!("{other:?}"),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Malformed input
+
+#[test]
+fn malformed_corefiles_are_errors_never_panics() {
+    let stock = stock_corefile_after_install();
+    let mut cases: Vec<String> = stock
+        .char_indices()
+        .map(|(i, _)| stock[..i].to_owned())
+        .collect();
+    for (i, _) in stock.char_indices().step_by(7) {
+        for c in [
+            "{",
+            "}",
+            "\"",
+            "#",
+            ":",
+            "/",
+            "{$",
+            "\n",
+            "99999999999999999999",
+            "%",
+        ] {
+            cases.push(format!("{}{c}{}", &stock[..i], &stock[i..]));
+        }
+    }
+    cases.push(block("    cache {\n        success 18446744073709551615\n        denial 18446744073709551615\n    }"));
+    cases.push(block(
+        "    cache {\n        servfail 99999999999999999999h\n    }",
+    ));
+    for case in &cases {
+        // Either outcome is fine; a panic fails the test.
+        let _ = build(&stock_args(), &inputs(case));
+    }
+}
