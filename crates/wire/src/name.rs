@@ -8,6 +8,8 @@
 //! - a compression pointer (0b11, RFC 1035 §4.1.4) refers to "a prior occurrence": its target
 //!   must lie before the start of the run of labels that contains it. Targets therefore strictly
 //!   decrease, so pointer loops are impossible; a jump limit caps the work anyway;
+//! - the labels a pointer leads to must end before the run of labels holding that pointer
+//!   begins (the target is an earlier, complete name; hickory-proto enforces the same);
 //! - a pointer never targets the header (offsets 0..12 hold no name, and nodedns rewrites the ID,
 //!   flags and counts of every answer it serves).
 
@@ -63,17 +65,24 @@ pub(crate) fn skip_avoiding(msg: &[u8], start: usize, fields: &[u16]) -> Result<
     let mut pos = start;
     // Start of the run of labels being read: the next pointer must point before it.
     let mut run_start = start;
+    // After a jump, every byte read must lie before the start of the run that held the pointer:
+    // the "prior occurrence" is a whole earlier name, not one that runs on into this one.
+    let mut read_limit = usize::MAX;
     // Where the name ends in the record stream, once a pointer has been taken.
     let mut end = None;
     let mut wire_len = 0usize;
     let mut jumps = 0usize;
+    // Whether the bytes `pos..next` may be read as part of this name.
+    let readable = |end: Option<usize>, read_limit: usize, pos: usize, next: usize| {
+        end.is_none() || (next <= read_limit && !overlaps(fields, pos, next))
+    };
     loop {
         let len = *msg.get(pos).ok_or(NameError::Truncated)?;
         match len & 0xC0 {
             0x00 => {
                 let next = pos + 1 + usize::from(len);
                 wire_len += 1 + usize::from(len);
-                if wire_len > MAX_NAME_LEN || (end.is_some() && overlaps(fields, pos, next)) {
+                if wire_len > MAX_NAME_LEN || !readable(end, read_limit, pos, next) {
                     return Err(NameError::Malformed);
                 }
                 if len == 0 {
@@ -88,11 +97,12 @@ pub(crate) fn skip_avoiding(msg: &[u8], start: usize, fields: &[u16]) -> Result<
                 if target >= run_start
                     || target < HEADER_LEN
                     || jumps > MAX_JUMPS
-                    || (end.is_some() && overlaps(fields, pos, pos + 2))
+                    || !readable(end, read_limit, pos, pos + 2)
                 {
                     return Err(NameError::Malformed);
                 }
                 end.get_or_insert(pos + 2);
+                read_limit = run_start;
                 pos = target;
                 run_start = target;
             }
@@ -200,6 +210,20 @@ mod tests {
         // same pointer again: the second jump is not before the run it is in.
         let msg = after_header(&[0x04, b'a', b'b', b'c', b'd', 0xC0, H]);
         assert_eq!(skip(&msg, 17), Err(NameError::Malformed));
+    }
+
+    #[test]
+    fn name_reached_through_a_pointer_must_end_before_the_pointing_name() {
+        // At H a 4-byte label starts whose text would be the pointing name's own bytes.
+        let mut msg = after_header(&[0x01, b'x', 0x04]);
+        let start = msg.len();
+        msg.extend_from_slice(&[0x01, b'a', 0xC0, H + 2, 0x00]);
+        assert_eq!(skip(&msg, start), Err(NameError::Malformed));
+        // An earlier name ending right where the pointing name begins is fine.
+        let mut msg = after_header(&[0x01, b'x', 0x00]);
+        let start = msg.len();
+        msg.extend_from_slice(&[0xC0, H]);
+        assert_eq!(skip(&msg, start), Ok(start + 2));
     }
 
     #[test]
