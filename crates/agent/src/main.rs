@@ -1,5 +1,96 @@
 //! nodedns: a node-local DNS cache for Kubernetes.
+//!
+//! Map of the binary:
+//! - [`cli`]: the command line (nodedns's flags and node-cache's, unchanged);
+//! - [`config`]: the Corefile, node-cache's template variables, the kube-dns ConfigMap → [`config::Config`];
+//! - [`host`]: the node's link, addresses and NOTRACK rules (crate `nodedns-hostnet`);
+//! - [`serve`]: the UDP and TCP listeners and the request pipeline;
+//! - [`admin`]: `/health`, `/ready`, `/metrics`;
+//! - [`app`]: start-up and shutdown order.
+//!
+//! Exit codes: 0 after a clean shutdown, 64 (EX_USAGE) for a bad command line or configuration,
+//! 1 for anything else that stops start-up.
 
+mod admin;
+mod app;
+mod cli;
 mod config;
+mod host;
+mod metrics;
+mod serve;
 
-fn main() {}
+use std::process::ExitCode;
+
+/// EX_USAGE from sysexits.h: the command line or the configuration is wrong.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match cli::parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        cli::Command::Run(args) => run(*args),
+    }
+}
+
+fn run(args: cli::RunArgs) -> ExitCode {
+    if let Err(err) = init_logging(&args) {
+        eprintln!("nodedns: {err}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let config = match config::load(&args.config) {
+        Ok(config) => config,
+        Err(err) => {
+            tracing::error!("{err}");
+            eprintln!("nodedns: {err}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if args.check_config {
+        print!("{}", app::summary(&config));
+        return ExitCode::SUCCESS;
+    }
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("nodedns: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(app::run(args, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            eprintln!("nodedns: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(args: &cli::RunArgs) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .map_err(|err| format!("invalid --log-level {:?}: {err}", args.log_level))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        cli::LogFormat::Text => builder.init(),
+        cli::LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}

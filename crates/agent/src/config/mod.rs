@@ -1,4 +1,3 @@
-#![allow(dead_code, unused_imports)]
 //! Configuration: what the agent serves, where, and how.
 //!
 //! Two sources produce the same [`Config`]: nodedns's own flags (`--listen`, `--upstream`: one
@@ -35,6 +34,7 @@ use std::time::Duration;
 pub use args::{ConfigArgs, normalize_args};
 pub use kubedns::KubeDns;
 pub use route::{Route, Router};
+pub(crate) use values::go_duration;
 pub use watch::watch;
 
 use directives::Placed;
@@ -322,6 +322,8 @@ pub fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
 }
 
 /// The configuration `args` and `inputs` describe. Pure: every problem is reported at once.
+/// (The seam the tests feed; the binary goes through [`load`].)
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn build(args: &ConfigArgs, inputs: &Inputs) -> Result<Config, ConfigError> {
     build_rendered(args, inputs).map(|(config, _)| config)
 }

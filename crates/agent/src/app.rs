@@ -1,0 +1,339 @@
+//! `nodedns run`: assembles the agent from a [`Config`] and runs it until a signal.
+//!
+//! Start-up order: host plumbing (link, addresses, rules) → listeners → admin endpoints →
+//! readiness (once the first upstream check answered). Shutdown order, so that pods never lose an
+//! answer: readiness false → withdraw the kube-dns ClusterIP rules (new queries fall back to
+//! kube-proxy → CoreDNS) → keep answering for the drain period → stop reading → answer what is
+//! in flight → remove the remaining rules and the link → exit.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use nodedns_cache::{Cache, Flights};
+use nodedns_upstream::Group;
+use prometheus_client::registry::Registry;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::admin::{self, Readiness};
+use crate::cli::RunArgs;
+use crate::config::{self, Config};
+use crate::host;
+use crate::metrics::Metrics;
+use crate::serve::{self, Shared, Snapshot, Zone, tcp, udp};
+
+/// Everything the admin endpoints read.
+#[derive(Debug)]
+struct State {
+    shared: Arc<Shared>,
+    registry: Registry,
+    readiness: Readiness,
+}
+
+impl admin::Source for State {
+    fn metrics(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
+        self.shared
+            .metrics
+            .encode(&mut out, &self.shared.snapshot.load());
+        out.push_str("# EOF\n");
+        out
+    }
+
+    fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+}
+
+/// Builds the data-path snapshot for `config`. Blocks whose cache policy and zones are unchanged
+/// from `previous` keep their cache (and its in-flight fetches); unchanged upstreams keep their
+/// pools.
+pub fn build_snapshot(
+    config: Arc<Config>,
+    previous: Option<&Snapshot>,
+    upstream_metrics: &nodedns_upstream::Metrics,
+) -> anyhow::Result<Snapshot> {
+    let mut zones = Vec::with_capacity(config.servers.len());
+    for (label, server) in config.servers.iter().enumerate() {
+        let same = |z: &&Arc<Zone>| z.server.zones == server.zones;
+        let old = previous.and_then(|p| p.zones.iter().find(same));
+        let (cache, flights) = match (old, &server.cache) {
+            (Some(old), Some(policy))
+                if old.server.cache.as_ref() == Some(policy) && old.cache.is_some() =>
+            {
+                (old.cache.clone(), old.flights.clone())
+            }
+            (_, Some(policy)) => (
+                Some(Arc::new(Cache::new(policy.clone()))),
+                Arc::new(Flights::new(serve::MAX_WAITERS_PER_KEY)),
+            ),
+            (_, None) => (None, Arc::new(Flights::new(serve::MAX_WAITERS_PER_KEY))),
+        };
+        let group = match (&server.forward, old) {
+            (Some(forward), Some(old))
+                if old.server.forward.as_ref().map(|f| &f.upstream) == Some(&forward.upstream) =>
+            {
+                old.group.clone()
+            }
+            (Some(forward), _) => Some(Arc::new(
+                Group::new(forward.upstream.clone(), upstream_metrics)
+                    .with_context(|| format!("forward of {}", server.zones.join(" ")))?,
+            )),
+            (None, _) => None,
+        };
+        zones.push(Arc::new(Zone {
+            label,
+            cache,
+            flights,
+            group,
+            server: server.clone(),
+        }));
+    }
+    let router = config::Router::new(&config.servers);
+    Ok(Snapshot {
+        config,
+        router,
+        zones,
+    })
+}
+
+/// Every address DNS is served on.
+fn listen_addrs(config: &Config) -> BTreeSet<SocketAddr> {
+    config
+        .servers
+        .iter()
+        .flat_map(|s| s.listen.iter().copied())
+        .collect()
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut registry = Registry::default();
+    let upstream_metrics = nodedns_upstream::Metrics::register(&mut registry);
+    let host_metrics = nodedns_hostnet::Metrics::register(&mut registry);
+
+    let health_port = config.health.map(|a| a.port());
+    let host = host::start(&args.host, &config.local_ips, health_port, &host_metrics).await?;
+
+    log_warnings(&config);
+    let drain = config
+        .lameduck
+        .map_or(args.drain, |lameduck| lameduck.max(args.drain));
+    let config = Arc::new(config);
+    let snapshot = build_snapshot(config.clone(), None, &upstream_metrics)?;
+    let metrics = Arc::new(Metrics::default());
+    let shared = Arc::new(Shared::new(snapshot, metrics));
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    // Listeners: bind everything before serving anything, so a bad address fails start-up whole.
+    let runtime = tokio::runtime::Handle::current();
+    let mut udp_threads = Vec::new();
+    let mut tcp_tasks = Vec::new();
+    let connections = Arc::new(Semaphore::new(args.tcp_max_connections));
+    let limits = tcp::Limits {
+        idle_timeout: args.tcp_idle_timeout,
+        ..tcp::Limits::default()
+    };
+    for addr in listen_addrs(&config) {
+        for worker in 0..threads {
+            let socket = Arc::new(udp::bind(addr).with_context(|| format!("bind UDP {addr}"))?);
+            let (shared, runtime) = (shared.clone(), runtime.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("udp-{worker}"))
+                .spawn(move || udp::run(shared, socket, addr, runtime))
+                .context("spawn UDP worker")?;
+            udp_threads.push(thread);
+        }
+        let listener = tcp::bind(addr).with_context(|| format!("bind TCP {addr}"))?;
+        tcp_tasks.push(tokio::spawn(tcp::run(
+            shared.clone(),
+            listener,
+            addr,
+            limits,
+            connections.clone(),
+            stop_rx.clone(),
+        )));
+        tracing::info!(%addr, threads, "serving DNS (UDP, TCP)");
+    }
+
+    let state = Arc::new(State {
+        shared: shared.clone(),
+        registry,
+        readiness: Readiness::default(),
+    });
+    let admin_addrs: BTreeSet<SocketAddr> = [config.health, config.ready, config.metrics]
+        .into_iter()
+        .flatten()
+        .collect();
+    for addr in admin_addrs {
+        let listener = admin::bind(addr).with_context(|| format!("bind admin {addr}"))?;
+        tokio::spawn(admin::serve(listener, state.clone(), stop_rx.clone()));
+        tracing::info!(%addr, "serving /health, /ready, /metrics");
+    }
+
+    // Readiness: listeners and rules are up; wait for one upstream answer per block.
+    {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let snap = state.shared.snapshot.load_full();
+            for zone in &snap.zones {
+                if let Some(group) = &zone.group {
+                    while !group.probe().await {
+                        tracing::warn!(zones = ?zone.server.zones, "no upstream answers yet");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+            state.readiness.set_ready();
+            tracing::info!("ready");
+        });
+    }
+
+    // Reload: file changes and SIGHUP both lead here.
+    let (reload_tx, mut reload_rx) = mpsc::channel::<()>(1);
+    tokio::spawn(config::watch(args.config.clone(), reload_tx.clone()));
+    {
+        let shared = shared.clone();
+        let args_config = args.config.clone();
+        let upstream_metrics = upstream_metrics.clone();
+        tokio::spawn(async move {
+            while reload_rx.recv().await.is_some() {
+                reload(&shared, &args_config, &upstream_metrics);
+            }
+        });
+    }
+
+    wait_for_signals(reload_tx).await;
+
+    // Shutdown, in the order that never leaves a pod without an answer.
+    tracing::info!("shutting down");
+    state.readiness.drain();
+    if let Some(host) = &host {
+        host.withdraw().await;
+    }
+    tokio::time::sleep(drain).await;
+    shared.stop();
+    let _ = stop_tx.send(true);
+    for task in tcp_tasks {
+        let _ = task.await;
+    }
+    let joined = tokio::task::spawn_blocking(move || {
+        for thread in udp_threads {
+            let _ = thread.join();
+        }
+    });
+    let _ = joined.await;
+    // Misses still in flight get their answers (the upstream deadline bounds the wait).
+    shared.wait_idle(Duration::from_secs(3)).await;
+    if let Some(host) = host {
+        host.teardown().await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Loads the configuration again and, if it is valid, publishes it. A bad configuration keeps
+/// the running one.
+fn reload(
+    shared: &Shared,
+    args: &config::ConfigArgs,
+    upstream_metrics: &nodedns_upstream::Metrics,
+) {
+    let current = shared.snapshot.load_full();
+    let config = match config::load(args) {
+        Ok(config) => config,
+        Err(err) => {
+            shared.metrics.reload_failed();
+            tracing::error!(%err, "reload failed; keeping the running configuration");
+            return;
+        }
+    };
+    if config == *current.config {
+        return;
+    }
+    log_warnings(&config);
+    for change in current.config.restart_needed(&config) {
+        tracing::warn!(%change, "this change takes effect only after a restart");
+    }
+    match build_snapshot(Arc::new(config), Some(&current), upstream_metrics) {
+        Ok(snapshot) => {
+            shared.snapshot.store(Arc::new(snapshot));
+            tracing::info!("configuration reloaded");
+        }
+        Err(err) => {
+            shared.metrics.reload_failed();
+            tracing::error!(err = %format!("{err:#}"), "reload failed; keeping the running configuration");
+        }
+    }
+}
+
+/// Settings that were accepted but mean something slightly different here, once per load.
+fn log_warnings(config: &Config) {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// Returns on SIGTERM or SIGINT; SIGHUP asks for a reload.
+async fn wait_for_signals(reload: mpsc::Sender<()>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => {
+                let _ = reload.try_send(());
+            }
+        }
+    }
+}
+
+/// What `--check-config` prints: each server block with where it listens, its upstreams and its
+/// cache, one line each.
+pub fn summary(config: &Config) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for server in &config.servers {
+        let listen: Vec<String> = server.listen.iter().map(|a| a.to_string()).collect();
+        let upstream = server.forward.as_ref().map_or_else(
+            || "no forward (REFUSED)".to_string(),
+            |f| {
+                let to: Vec<String> = f.upstream.addrs.iter().map(|a| a.to_string()).collect();
+                format!("forward {:?} to {}", f.upstream.transport, to.join(" "))
+            },
+        );
+        let cache = server.cache.as_ref().map_or_else(
+            || "no cache".to_string(),
+            |c| format!("cache {} bytes", c.capacity_bytes),
+        );
+        let _ = writeln!(
+            out,
+            "{} on {}: {upstream}; {cache}",
+            server.zones.join(" "),
+            listen.join(" ")
+        );
+    }
+    for (name, addr) in [
+        ("health", config.health),
+        ("ready", config.ready),
+        ("metrics", config.metrics),
+    ] {
+        if let Some(addr) = addr {
+            let _ = writeln!(out, "{name} on {addr}");
+        }
+    }
+    if !config.local_ips.is_empty() {
+        let ips: Vec<String> = config.local_ips.iter().map(|ip| ip.to_string()).collect();
+        let _ = writeln!(out, "local IPs {}", ips.join(" "));
+    }
+    out
+}

@@ -1,0 +1,86 @@
+//! The command line: `nodedns run` (the agent), and node-cache's flat command line, which
+//! [`parse`] turns into `run`.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::{config, host};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nodedns",
+    version,
+    about = "A node-local DNS cache for Kubernetes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent in the foreground.
+    Run(Box<RunArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: config::ConfigArgs,
+
+    #[command(flatten)]
+    pub host: host::HostArgs,
+
+    /// Load and validate the configuration, print what would be served, and exit (0 if valid,
+    /// 64 with every error otherwise). Changes nothing on the host.
+    #[arg(long)]
+    pub check_config: bool,
+
+    /// UDP workers per listen address (default: one per CPU).
+    #[arg(long, env = "NODEDNS_THREADS")]
+    pub threads: Option<usize>,
+
+    /// How long to keep answering after shutdown begins (readiness is false and the ClusterIP
+    /// rules are withdrawn first), so clients and kube-proxy move away before listeners close.
+    #[arg(long, default_value = "1s", value_parser = config::go_duration)]
+    pub drain: Duration,
+
+    /// Open TCP client connections at most.
+    #[arg(long, default_value_t = 1024)]
+    pub tcp_max_connections: usize,
+
+    /// Close a TCP client connection after this long without a complete query.
+    #[arg(long, default_value = "10s", value_parser = config::go_duration)]
+    pub tcp_idle_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "NODEDNS_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `nodedns=debug`).
+    #[arg(long, default_value = "info", env = "NODEDNS_LOG")]
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Parses the command line. node-cache's DaemonSet runs the image with flat Go-style flags
+/// (`-localip 169.254.20.10,10.0.0.10 -conf /etc/Corefile ...`) and no subcommand: those are
+/// rewritten to `run` with nodedns's long flags, so the stock `args:` work unchanged.
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    let mut args = config::normalize_args(args);
+    let subcommand_given = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| !a.starts_with('-') || matches!(a, "-h" | "--help" | "-V" | "--version"));
+    if !subcommand_given {
+        args.insert(1.min(args.len()), OsString::from("run"));
+    }
+    Cli::try_parse_from(args)
+}

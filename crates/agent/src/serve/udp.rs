@@ -1,0 +1,247 @@
+//! UDP listeners: one blocking OS thread per listen address and worker.
+//!
+//! Each worker owns its own socket in the address's `SO_REUSEPORT` group, so the kernel spreads
+//! clients over workers with no shared queue and no lock. The loop:
+//!
+//! 1. `recvmmsg` a batch (blocks until at least one datagram is there, then takes what is queued);
+//! 2. for each datagram run [`pipeline::answer`]: a hit or a refusal is written into that slot's
+//!    reusable output buffer; a miss is handed to the async runtime with a [`Waiter`];
+//! 3. `sendmmsg` the batch of answers.
+//!
+//! Invariants: no allocation per query after warm-up (buffers are reused), no lock, no await;
+//! the async runtime is woken only for misses. The socket has a receive timeout so the loop sees
+//! shutdown within [`POLL`] even when no query arrives.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg, sendto, setsockopt, sockopt,
+};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::Shared;
+use super::pipeline::{self, Front, ReplyTo, Waiter};
+use crate::metrics::{Counters, Proto};
+
+/// Datagrams taken per `recvmmsg`.
+const BATCH: usize = 32;
+/// Largest query accepted. Queries are small (one question, maybe an OPT with a cookie); a
+/// datagram longer than this is truncated by the kernel and then fails to parse.
+const MAX_QUERY: usize = 2048;
+/// How often an idle worker checks for shutdown.
+const POLL: Duration = Duration::from_millis(100);
+/// Socket buffer size asked for (the kernel doubles it for bookkeeping); a burst of misses or a
+/// short stall of the worker must not drop queries.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Binds one UDP socket of `addr`'s `SO_REUSEPORT` group.
+///
+/// `IP_FREEBIND` lets it bind an address that is not (yet) on an interface: the kube-dns
+/// ClusterIP only appears once the host plumbing has put it on the link.
+pub fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_port(true)?;
+    match addr {
+        SocketAddr::V4(_) => socket.set_freebind_v4(true)?,
+        SocketAddr::V6(_) => {
+            socket.set_only_v6(true)?;
+            socket.set_freebind_v6(true)?;
+        }
+    }
+    set_buffers(&socket);
+    socket.set_read_timeout(Some(POLL))?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// Large buffers: `SO_RCVBUFFORCE` when the process may exceed `rmem_max` (CAP_NET_ADMIN),
+/// otherwise as large as the sysctl allows.
+fn set_buffers(socket: &Socket) {
+    if setsockopt(socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    }
+    if setsockopt(socket, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    }
+}
+
+/// Sends one datagram without blocking (for answers sent from async tasks: the worker thread
+/// owns the blocking reads of the same socket).
+pub fn send_nonblocking(socket: &UdpSocket, buf: &[u8], peer: SocketAddr) -> nix::Result<usize> {
+    let addr = SockaddrStorage::from(peer);
+    sendto(socket.as_raw_fd(), buf, &addr, MsgFlags::MSG_DONTWAIT)
+}
+
+/// Runs one worker until shutdown. `local` is the address the socket is bound to.
+pub fn run(
+    shared: Arc<Shared>,
+    socket: Arc<UdpSocket>,
+    local: SocketAddr,
+    runtime: tokio::runtime::Handle,
+) {
+    let counters = shared.metrics.worker();
+    let mut worker = Worker::new();
+    while !shared.stopping() {
+        match worker.serve_batch(&shared, &counters, &socket, local, &runtime) {
+            Ok(()) => {}
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(err) => {
+                counters.recv_failed();
+                tracing::warn!(%local, %err, "UDP receive failed");
+            }
+        }
+    }
+}
+
+/// One worker's reusable buffers.
+struct Worker {
+    inbuf: Vec<[u8; MAX_QUERY]>,
+    outbuf: Vec<Vec<u8>>,
+    recv_headers: MultiHeaders<SockaddrStorage>,
+    send_headers: MultiHeaders<SockaddrStorage>,
+    /// (length, peer) of each datagram of the current batch.
+    received: Vec<(usize, Option<SockaddrStorage>)>,
+    /// (slot, peer) of each answer of the current batch.
+    answers: Vec<(usize, Option<SockaddrStorage>)>,
+}
+
+impl Worker {
+    fn new() -> Self {
+        Worker {
+            inbuf: vec![[0; MAX_QUERY]; BATCH],
+            outbuf: (0..BATCH).map(|_| Vec::with_capacity(1232)).collect(),
+            recv_headers: MultiHeaders::preallocate(BATCH, None),
+            send_headers: MultiHeaders::preallocate(BATCH, None),
+            received: Vec::with_capacity(BATCH),
+            answers: Vec::with_capacity(BATCH),
+        }
+    }
+
+    fn serve_batch(
+        &mut self,
+        shared: &Arc<Shared>,
+        counters: &Counters,
+        socket: &Arc<UdpSocket>,
+        local: SocketAddr,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<(), Errno> {
+        let fd = socket.as_raw_fd();
+        self.received.clear();
+        {
+            let mut iovs: [[IoSliceMut<'_>; 1]; BATCH] =
+                std::array::from_fn(|_| [IoSliceMut::new(&mut [])]);
+            for (iov, buf) in iovs.iter_mut().zip(self.inbuf.iter_mut()) {
+                *iov = [IoSliceMut::new(buf)];
+            }
+            let results = recvmmsg(
+                fd,
+                &mut self.recv_headers,
+                iovs.iter_mut(),
+                MsgFlags::MSG_WAITFORONE,
+                None,
+            )?;
+            for msg in results {
+                let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                    0
+                } else {
+                    msg.bytes
+                };
+                self.received.push((len, msg.address));
+            }
+        }
+        let now = Instant::now();
+        let snap = shared.snapshot.load();
+        self.answers.clear();
+        for (slot, &(len, peer)) in self.received.iter().enumerate() {
+            let Some(peer_addr) = peer.as_ref().and_then(to_socket_addr) else {
+                continue;
+            };
+            // Never answer port 0: such a source is forged, and answering it reflects traffic.
+            if peer_addr.port() == 0 {
+                counters.malformed();
+                continue;
+            }
+            let packet = &self.inbuf[slot][..len];
+            let out = &mut self.outbuf[slot];
+            out.clear();
+            match pipeline::answer(counters, &snap, packet, local, Proto::Udp, now, out) {
+                Front::Answered => self.answers.push((slot, peer)),
+                Front::Dropped => {}
+                Front::AnsweredRefresh(miss) => {
+                    self.answers.push((slot, peer));
+                    runtime.spawn(pipeline::resolve(shared.clone(), miss, Waiter::nobody()));
+                }
+                Front::Miss(miss) => {
+                    let waiter = Waiter {
+                        query: packet.into(),
+                        reply_to: ReplyTo::Udp {
+                            socket: socket.clone(),
+                            peer: peer_addr,
+                        },
+                        proto: Proto::Udp,
+                        started: now,
+                    };
+                    runtime.spawn(pipeline::resolve(shared.clone(), miss, waiter));
+                }
+            }
+        }
+        self.send_answers(fd, counters);
+        Ok(())
+    }
+
+    fn send_answers(&mut self, fd: i32, counters: &Counters) {
+        let mut done = 0;
+        while done < self.answers.len() {
+            let pending = &self.answers[done..];
+            // Built on the stack each batch: an IoSlice borrows the output buffers, so it cannot
+            // be kept in `self`.
+            let slices: [[IoSlice<'_>; 1]; BATCH] = std::array::from_fn(|i| {
+                [IoSlice::new(
+                    pending
+                        .get(i)
+                        .map_or(&[][..], |&(slot, _)| &self.outbuf[slot]),
+                )]
+            });
+            let addrs: [Option<SockaddrStorage>; BATCH] =
+                std::array::from_fn(|i| pending.get(i).and_then(|&(_, peer)| peer));
+            let n = pending.len();
+            match sendmmsg(
+                fd,
+                &mut self.send_headers,
+                &slices[..n],
+                &addrs[..n],
+                [],
+                MsgFlags::empty(),
+            ) {
+                Ok(results) => {
+                    // A short count means the next datagram failed; the next call reports its error.
+                    let sent = results.count();
+                    if sent == 0 {
+                        counters.send_failed();
+                        done += 1;
+                    }
+                    done += sent;
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => {
+                    // The first datagram of the rest failed (e.g. an unreachable peer): skip it.
+                    counters.send_failed();
+                    done += 1;
+                }
+            }
+        }
+    }
+}
+
+fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = addr.as_sockaddr_in() {
+        return Some(SocketAddr::V4((*v4).into()));
+    }
+    addr.as_sockaddr_in6()
+        .map(|v6| SocketAddr::V6((*v6).into()))
+}
