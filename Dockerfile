@@ -1,0 +1,106 @@
+# syntax=docker/dockerfile:1.7
+#
+# The nodedns image: the static `nodedns` binary, the rule tools it runs (`nft`, and iptables in
+# its nft and legacy variants, as kube-proxy's image carries them) with exactly the shared
+# libraries and extension modules those tools load, and nothing else: no shell, no package
+# manager, no library that nothing calls, so a scanner has little to report (compare
+# kubernetes/dns#754).
+#
+#   docker build -t nodedns:dev .
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/nodedns:TAG --push .
+#
+# Each platform builds natively (under emulation in buildx): the musl target is picked from the
+# build machine's architecture.
+
+ARG RUST_VERSION=1.95
+ARG DEBIAN_RELEASE=bookworm
+
+# 1. nodedns, linked statically against musl.
+FROM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends musl-tools \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    target="$(uname -m)-unknown-linux-musl" \
+ && rustup target add "$target" \
+ && cargo build --locked --release --package nodedns-agent --bin nodedns --target "$target" \
+ && install -D -m 0755 "target/$target/release/nodedns" /out/usr/bin/nodedns \
+ && strip --strip-debug /out/usr/bin/nodedns \
+ && if readelf --program-headers /out/usr/bin/nodedns | grep -q INTERP; then \
+      echo "nodedns is not statically linked" >&2; exit 1; \
+    fi
+
+# 2. nft and iptables from Debian, and the files they need, gathered under /rootfs.
+FROM debian:${DEBIAN_RELEASE}-slim AS tools
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Unpinned on purpose: the security updates of the release are what this image should carry.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nftables iptables \
+ && rm -rf /var/lib/apt/lists/*
+# (From /: coreutils 9.1's `cp -a --parents` mishandles absolute sources from elsewhere.)
+WORKDIR /
+RUN <<'EOF'
+set -euo pipefail
+root=/rootfs
+mkdir -p "$root"
+copy() { cp -a --parents "$@" "$root"/; }
+
+# What nodedns runs: `nft`, and `{ip,ip6}tables-{nft,legacy}{,-save,-restore}`, which Debian
+# ships as links to two multi-call binaries (each looks at the name it was run by).
+copy /usr/sbin/nft /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi
+for family in iptables ip6tables; do
+  for variant in nft legacy; do
+    copy "/usr/sbin/$family-$variant" "/usr/sbin/$family-$variant-save" "/usr/sbin/$family-$variant-restore"
+  done
+done
+# iptables loads its matches and targets (udp, comment, NOTRACK, CT, ...) with dlopen, so no
+# dependency list names them: take the directory whole.
+xtables="$(echo /usr/lib/*-linux-gnu/xtables)"
+copy "$xtables"
+
+# Every shared library those programs and modules load, and the dynamic loader, found by ldd
+# and copied under the name they are looked up by.
+{
+  for f in /usr/sbin/nft /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi "$xtables"/*.so; do
+    ldd "$f"
+  done
+} | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u \
+  | while read -r lib; do cp -L --parents "$lib" "$root"/; done
+
+# nft prints protocol names (`meta l4proto udp`) from /etc/protocols.
+copy /etc/protocols
+# The dynamic loader's cache, for the libraries above only.
+mkdir -p "$root/etc"
+cp /etc/ld.so.conf "$root/etc/"
+cp -a /etc/ld.so.conf.d "$root/etc/"
+ldconfig -r "$root"
+
+# Directories the pod spec and the stock nodelocaldns.yaml expect: /tmp for its
+# `-pidfile /tmp/node-cache.pid`, /etc for its `-conf /etc/Corefile`, /run for the xtables lock.
+mkdir -p "$root/tmp" "$root/run" "$root/etc/coredns"
+chmod 1777 "$root/tmp"
+
+# Check the copy: each tool runs from the new root, with nothing but what was gathered.
+chroot "$root" /usr/sbin/nft --version
+for tool in iptables-nft iptables-legacy ip6tables-nft-restore ip6tables-legacy-save; do
+  chroot "$root" "/usr/sbin/$tool" --version
+done
+EOF
+
+# 3. The image.
+FROM scratch
+COPY --from=tools /rootfs/ /
+COPY --from=build /out/ /
+ENV PATH=/usr/bin:/usr/sbin
+# Runs as root by default, with the capabilities the pod spec grants (NET_ADMIN and
+# NET_BIND_SERVICE in manifests/, everything else dropped): nft and iptables need CAP_NET_ADMIN
+# in their own effective set, which only uid 0 passes on across exec without ambient
+# capabilities. It also lets the image drop into an existing nodelocaldns.yaml unchanged. The
+# cilium manifests, which need no capability, set runAsUser 65532.
+ENTRYPOINT ["/usr/bin/nodedns"]
