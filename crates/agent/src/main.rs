@@ -50,7 +50,6 @@ fn run(args: cli::RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(err) => {
             tracing::error!("{err}");
-            eprintln!("nodedns: {err}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -76,7 +75,6 @@ fn run(args: cli::RunArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
-            eprintln!("nodedns: {err:#}");
             ExitCode::FAILURE
         }
     }
