@@ -20,6 +20,9 @@
 //! Invariants:
 //! - No function here panics on any input; malformed input is an `Err`.
 //! - Every offset stored in a [`Reply`] was checked against its bytes when it was indexed.
+//! - No name in a stored reply is read from bytes that serving rewrites (header, TTL fields), and
+//!   the question is replaced only by one equal up to letter case, so every copy
+//!   [`Reply::write_answer`] writes is as well-formed as the reply it came from.
 
 mod key;
 mod name;
