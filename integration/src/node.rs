@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
-use crate::knot::{Knot, Options};
+use crate::knot::{Knot, Options, Zone};
 use crate::netns::{self, Netns};
 use crate::{PROBE_NAME, Process};
 
@@ -209,7 +209,7 @@ impl Node {
         let knot = Knot::start(Options {
             listen,
             netns: Some(coredns.name().to_owned()),
-            zones: vec![Knot::cluster_local()],
+            zones: vec![Knot::cluster_local(), root_zone()],
         })
         .context("start Knot as CoreDNS")?;
         Ok(Node {
@@ -288,9 +288,12 @@ impl Node {
                 String::from_utf8_lossy(&out.stdout)
             );
         }
-        let lines = String::from_utf8_lossy(&out.stdout).lines().count();
-        if lines != names.len() {
-            bail!("getent printed {lines} lines for {} names", names.len());
+        // getent prints a line per address, under the canonical (search-expanded) name.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for name in names {
+            if !stdout.contains(&format!(" {name}.")) {
+                bail!("{name} is missing from getent's output:\n{stdout}");
+            }
         }
         Ok(())
     }
@@ -361,7 +364,7 @@ impl Node {
     }
 
     /// Every rule line in the node (iptables-save and ip6tables-save in both modes, and the
-    /// nft ruleset) that mentions nodedns or node-cache.
+    /// nft ruleset, without counters) that mentions nodedns or node-cache.
     pub fn dns_cache_rules(&self) -> anyhow::Result<Vec<String>> {
         let mut lines = Vec::new();
         for tool in [
@@ -381,7 +384,7 @@ impl Node {
                     .map(|l| format!("{tool}: {l}")),
             );
         }
-        let nft = self.node.run("nft", &["list", "ruleset"])?;
+        let nft = self.node.run("nft", &["--stateless", "list", "ruleset"])?;
         lines.extend(
             nft.lines()
                 .filter(|l| mentions_dns_cache(l))
@@ -421,7 +424,8 @@ impl Node {
             .arg(self.upstream().to_string())
             .args(["--link-kind", "bridge", "--sync-interval", "1s"])
             .args(extra)
-            .env("RUST_BACKTRACE", "1");
+            .env("RUST_BACKTRACE", "1")
+            .env("NO_COLOR", "1");
         let process = Process::spawn("nodedns", command).context("spawn nodedns")?;
         let mut agent = NodeAgent { process };
         agent
@@ -538,6 +542,18 @@ pub fn wait_for(
             bail!("{what}: not within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The root zone, so that names outside cluster.local get NXDOMAIN (cacheable, as from a real
+/// CoreDNS forwarding to the node's resolvers) instead of REFUSED. glibc asks for the bare name
+/// last (`kubernetes.default.`) when the search list fails, e.g. for AAAA.
+fn root_zone() -> Zone {
+    Zone {
+        origin: ".".to_owned(),
+        body: "@ 30 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 30\n\
+               @ 30 IN NS ns.dns.cluster.local.\n"
+            .to_owned(),
     }
 }
 
