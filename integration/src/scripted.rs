@@ -212,7 +212,9 @@ impl Scripted {
         self.addr
     }
 
-    /// Queries received (UDP and TCP), probes and undecodable messages excluded.
+    /// Queries received (UDP and TCP), probes and undecodable messages excluded, the agent's
+    /// own (such as its start-up `. NS` check) included: tests count their own names with
+    /// [`Scripted::queries_for`] or [`Scripted::queries_under`].
     pub fn queries(&self) -> u64 {
         self.state.queries.load(Ordering::SeqCst)
     }
@@ -233,6 +235,34 @@ impl Scripted {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         per_name.get(&normalize(name)).copied().unwrap_or(0)
+    }
+
+    /// Queries received for names ending in `suffix` (case and a final dot do not matter), so
+    /// a test counts its own queries apart from the agent's own (start-up or health checks).
+    pub fn queries_under(&self, suffix: &str) -> u64 {
+        let suffix = normalize(suffix);
+        let per_name = self
+            .state
+            .per_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        per_name
+            .iter()
+            .filter(|(name, _)| name.ends_with(&suffix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Every name queried so far with its count, sorted (for assertion messages).
+    pub fn names(&self) -> Vec<(String, u64)> {
+        let per_name = self
+            .state
+            .per_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<_> = per_name.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        names.sort();
+        names
     }
 
     /// Harness probes answered (see the module docs).
