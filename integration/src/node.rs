@@ -434,6 +434,21 @@ impl Node {
         Ok(agent)
     }
 
+    /// `GET <path>` over HTTP/1.0 to `addr` from the node namespace (bash's `/dev/tcp`, so no
+    /// HTTP client needs to be installed); returns the body.
+    pub fn http_get(&self, addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+        let script = format!(
+            "exec 3<>/dev/tcp/{}/{} && printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3",
+            addr.ip(),
+            addr.port()
+        );
+        let response = self.node.run("bash", &["-c", &script])?;
+        match response.split_once("\r\n\r\n") {
+            Some((head, body)) if head.contains(" 200 ") => Ok(body.to_owned()),
+            _ => bail!("GET {path} from {addr}: {response}"),
+        }
+    }
+
     /// Whether a DNS server answers (any RCODE) at `server`:53, asked from the node namespace.
     pub fn answers(&self, server: IpAddr) -> bool {
         self.node

@@ -8,6 +8,9 @@ use nodedns_integration::node::{self, Node, NodeOptions, wait_for};
 /// The interval is 1 s; allow a few for a loaded machine.
 const WITHIN: Duration = Duration::from_secs(5);
 
+/// Where the agent serves /metrics, inside the node namespace.
+const METRICS: &str = "127.0.0.1:9353";
+
 const OUR_RULE: &str = "-d 10.96.0.10/32 -p udp -m udp --dport 53 -m comment --comment \"nodedns: skip conntrack\" -j NOTRACK";
 
 fn raw_prerouting(node: &Node) -> Vec<String> {
@@ -37,7 +40,12 @@ fn iptables_rules_deleted_or_outranked_are_restored_within_the_interval() {
     }
     let node = Node::build(NodeOptions::default()).expect("simulated node");
     let _agent = node
-        .start_nodedns(&["--rules-backend", "iptables"])
+        .start_nodedns(&[
+            "--rules-backend",
+            "iptables",
+            "--metrics-listen-address",
+            METRICS,
+        ])
         .expect("nodedns starts");
     let rules = node.dns_cache_rules().unwrap();
 
@@ -87,6 +95,42 @@ fn iptables_rules_deleted_or_outranked_are_restored_within_the_interval() {
     })
     .unwrap();
     node.resolve_all(&["kubernetes.default"]).unwrap();
+
+    // Each repair is counted by kind; nothing failed.
+    let metrics = node.http_get(METRICS.parse().unwrap(), "/metrics").unwrap();
+    for what in ["rules", "jump", "link", "address"] {
+        assert!(
+            counter(
+                &metrics,
+                &format!("nodedns_hostnet_repairs_total{{what=\"{what}\"}}")
+            ) >= 1,
+            "{what}: {metrics}"
+        );
+    }
+    assert!(
+        counter(
+            &metrics,
+            "nodedns_hostnet_reconcile_total{result=\"repaired\"}"
+        ) >= 3
+    );
+    for errortype in [
+        "iptables",
+        "iptables_lock",
+        "interface_add",
+        "interface_check",
+    ] {
+        let series = format!("coredns_nodecache_setup_errors_total{{errortype=\"{errortype}\"}}");
+        assert_eq!(counter(&metrics, &series), 0, "{series}");
+    }
+}
+
+/// The value of one series in Prometheus text output; panics if the series is absent.
+fn counter(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in:\n{metrics}"))
 }
 
 #[test]
