@@ -30,7 +30,7 @@ use crate::rules::{Chain, NODE_CACHE_COMMENT_PREFIX, Rule, Side, Verdict};
 /// Comment on the jumps from the built-in chains to ours.
 pub(crate) const JUMP_COMMENT: &str = "nodedns: node-local DNS cache rules";
 
-/// Which iptables implementation the node uses (see [`choose_mode`]).
+/// Which iptables implementation the node uses (detected as kube-proxy's iptables wrapper does; see `Backend::Auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// `iptables-nft`: the iptables command line over nf_tables.
