@@ -47,6 +47,9 @@ pub enum Action {
     Close,
     /// Wait, then do the inner action.
     Delay(Duration, Box<Action>),
+    /// This message sent exactly as given: no ID or question put in (for replies that must be
+    /// refused, such as a wrong ID or another question).
+    Raw(Message),
 }
 
 impl Action {
@@ -394,6 +397,7 @@ async fn decide(query: &Message, action: Action) -> Outcome {
             reply
         }
         Action::Rcode(rcode) => response(query, rcode),
+        Action::Raw(reply) => reply,
         Action::Truncated => {
             let mut reply = response(query, ResponseCode::NoError);
             reply.metadata.truncation = true;

@@ -335,3 +335,82 @@ async fn connection_closed_by_upstream_is_retried() {
     }
     assert!(upstream.connections() >= 10, "one connection per answer");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_upstream_replies_are_never_served() {
+    use nodedns_integration::scripted::response;
+
+    // Replies that answer something else: another ID, or another question. Accepting either
+    // would let an off-path or confused server poison the cache.
+    let upstream = Scripted::start(|query, _| {
+        let bogus = |mut reply: hickory_proto::op::Message| {
+            reply.add_answer(hickory_proto::rr::Record::from_rdata(
+                reply.queries[0].name().clone(),
+                300,
+                hickory_proto::rr::RData::A(Ipv4Addr::new(6, 6, 6, 6).into()),
+            ));
+            Action::Raw(reply)
+        };
+        match client::qname(query).as_str() {
+            "wrong-id.test." => {
+                let mut reply = response(query, ResponseCode::NoError);
+                reply.metadata.id = query.metadata.id.wrapping_add(1);
+                bogus(reply)
+            }
+            "wrong-question.test." => {
+                let other = client::query("other.test.", query.queries[0].query_type());
+                let mut reply = response(&other, ResponseCode::NoError);
+                reply.metadata.id = query.metadata.id;
+                bogus(reply)
+            }
+            _ => Action::a(Ipv4Addr::new(192, 0, 2, 1), 30),
+        }
+    })
+    .unwrap();
+    let agent = Agent::start(&[upstream.addr()]).expect("agent starts");
+
+    for name in ["wrong-id.test.", "wrong-question.test."] {
+        let started = Instant::now();
+        let reply = ask_a(agent.addr(), name).await;
+        assert!(
+            !a_addrs(&reply).contains(&Ipv4Addr::new(6, 6, 6, 6)),
+            "{name}: bogus data served: {reply:?}"
+        );
+        assert_eq!(
+            reply.metadata.response_code,
+            ResponseCode::ServFail,
+            "{name}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{name}: within the deadline"
+        );
+    }
+    // Nothing was cached under the other name either.
+    let other = ask_a(agent.addr(), "other.test.").await;
+    assert_eq!(a_addrs(&other), [Ipv4Addr::new(192, 0, 2, 1)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_gives_servfail_within_deadline() {
+    // A port nothing listens on: every connection attempt is refused.
+    let port = nodedns_integration::free_port().unwrap();
+    let agent = Agent::start(&[SocketAddr::from((Ipv4Addr::LOCALHOST, port))])
+        .expect("agent starts (and answers) without a reachable upstream");
+    for name in ["a.unreachable.test.", "b.unreachable.test."] {
+        let started = Instant::now();
+        let reply = ask_a(agent.addr(), name).await;
+        assert_eq!(
+            reply.metadata.response_code,
+            ResponseCode::ServFail,
+            "{name}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{name}: SERVFAIL after {:?}",
+            started.elapsed()
+        );
+    }
+    let out = client::kdig(agent.addr(), &["c.unreachable.test.", "A"]).unwrap();
+    assert_eq!(out.status, "SERVFAIL", "{}", out.raw);
+}

@@ -94,6 +94,38 @@ async fn edns_only_when_asked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn id_rd_and_do_echoed_on_misses_and_hits() {
+    let Some((_knot, agent)) = start() else {
+        return;
+    };
+    let name = "kube-dns.kube-system.svc.cluster.local.";
+
+    // Miss, then hits, alternating RD and DO: each answer carries the flags of its own query.
+    for (i, (rd, dnssec_ok)) in [(true, false), (false, false), (true, true), (false, true)]
+        .into_iter()
+        .cycle()
+        .take(8)
+        .enumerate()
+    {
+        let mut query = client::query_edns(name, RecordType::A, 1232);
+        query.metadata.id = 0x2000 + i as u16;
+        query.metadata.recursion_desired = rd;
+        if let Some(edns) = query.edns.as_mut() {
+            edns.set_dnssec_ok(dnssec_ok);
+        }
+        let reply = client::udp(agent.addr(), &query).await.unwrap();
+        assert_eq!(reply.metadata.id, 0x2000 + i as u16);
+        assert_eq!(reply.metadata.recursion_desired, rd, "query {i}: RD echoed");
+        assert_eq!(
+            reply.edns.as_ref().map(|e| e.flags().dnssec_ok),
+            Some(dnssec_ok),
+            "query {i}: DO echoed"
+        );
+        assert_eq!(a_addrs(&reply), [Ipv4Addr::new(10, 96, 0, 10)]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_answer_truncated_over_udp_and_complete_over_tcp() {
     let Some((_knot, agent)) = start() else {
         return;
