@@ -61,44 +61,15 @@ pub struct HostArgs {
 /// A Go `time.Duration` string (`1h2m3.5s`, `500ms`, `90s`) or a bare number of seconds
 /// (node-cache multiplies its `-syncinterval` by one second). Zero is refused: the loop would spin.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid interval `{text}` (e.g. 60s, 1m30s, 500ms)");
     let text = text.trim();
-    if let Ok(seconds) = text.parse::<u64>() {
-        return (seconds > 0)
-            .then(|| Duration::from_secs(seconds))
-            .ok_or_else(bad);
+    let interval = match text.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => crate::config::go_duration(text)?,
+    };
+    if interval.is_zero() {
+        return Err(format!("invalid interval `{text}`: must be more than zero (e.g. 60s)"));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let (number, tail) = rest.split_at(number_len);
-        let value: f64 = number.parse().map_err(|_| bad())?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let scale = match unit {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Err(bad()),
-        };
-        total += Duration::try_from_secs_f64(value * scale).map_err(|_| bad())?;
-        rest = tail;
-    }
-    if total.is_zero() {
-        return Err(bad());
-    }
-    Ok(total)
+    Ok(interval)
 }
 
 /// The running host plumbing and its reconcile loop.
