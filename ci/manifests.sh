@@ -64,6 +64,15 @@ trap 'rm -rf "$work"' EXIT
 pin_key="$(printf '%s\n' "${pins[@]}" | sha256sum | cut -c1-12)"
 venv="${NODEDNS_CI_VENV:-${TMPDIR:-/tmp}/nodedns-ci-venv-$pin_key}"
 if [ ! -e "$venv/.complete" ]; then
+  # Debian's python3 makes virtualenvs only with python3-venv installed.
+  if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv
+    else
+      echo "ci/manifests.sh: python3 cannot create virtualenvs: install python3-venv" >&2
+      exit 1
+    fi
+  fi
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${pins[@]}"
