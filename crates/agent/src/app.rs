@@ -5,6 +5,10 @@
 //! answer: readiness false → withdraw the kube-dns ClusterIP rules (new queries fall back to
 //! kube-proxy → CoreDNS) → keep answering for the drain period → stop reading → answer what is
 //! in flight → remove the remaining rules and the link → exit.
+//!
+//! With `--handoff-dir`, the listeners are taken over from the instance already serving on the
+//! node, and handed to the next one ([`crate::handoff`]); only the last instance to exit
+//! withdraws and tears down.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -15,14 +19,15 @@ use anyhow::Context;
 use nodedns_cache::{Cache, Flights};
 use nodedns_upstream::Group;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::admin::{self, Readiness};
 use crate::cli::RunArgs;
 use crate::config::{self, Config};
+use crate::handoff::{self, Generation, Handoff, Listeners};
 use crate::host;
 use crate::metrics::Metrics;
-use crate::serve::{self, Shared, Snapshot, Zone, tcp, udp};
+use crate::serve::{self, Shared, Snapshot, Zone, tcp};
 
 /// Everything the admin endpoints read.
 #[derive(Debug)]
@@ -129,39 +134,18 @@ pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
     let snapshot = build_snapshot(config.clone(), None, &upstream_metrics)?;
     let metrics = Arc::new(Metrics::default());
     let shared = Arc::new(Shared::new(snapshot, metrics));
-    let (stop_tx, stop_rx) = watch::channel(false);
 
-    // Listeners: bind everything before serving anything, so a bad address fails start-up whole.
-    let runtime = tokio::runtime::Handle::current();
-    let mut udp_threads = Vec::new();
-    let mut tcp_tasks = Vec::new();
-    let connections = Arc::new(Semaphore::new(args.tcp_max_connections));
+    // Listeners: taken over from the instance serving on this node (an upgrade), or bound here.
+    // Everything is bound before anything is served, so a bad address fails start-up whole.
+    let (mut handoff, inherited) = Handoff::start(args.handoff_dir.as_deref()).await?;
+    let connections = Arc::new(tcp::Connections::new(
+        args.tcp_max_connections,
+        args.tcp_max_connections_per_client,
+    ));
     let limits = tcp::Limits {
         idle_timeout: args.tcp_idle_timeout,
         ..tcp::Limits::default()
     };
-    for addr in listen_addrs(&config) {
-        for worker in 0..threads {
-            let socket = Arc::new(udp::bind(addr).with_context(|| format!("bind UDP {addr}"))?);
-            let (shared, runtime) = (shared.clone(), runtime.clone());
-            let thread = std::thread::Builder::new()
-                .name(format!("udp-{worker}"))
-                .spawn(move || udp::run(shared, socket, addr, runtime))
-                .context("spawn UDP worker")?;
-            udp_threads.push(thread);
-        }
-        let listener = tcp::bind(addr).with_context(|| format!("bind TCP {addr}"))?;
-        tcp_tasks.push(tokio::spawn(tcp::run(
-            shared.clone(),
-            listener,
-            addr,
-            limits,
-            connections.clone(),
-            stop_rx.clone(),
-        )));
-        tracing::info!(%addr, threads, "serving DNS (UDP, TCP)");
-    }
-
     let state = Arc::new(State {
         shared: shared.clone(),
         registry,
@@ -171,10 +155,29 @@ pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
         .into_iter()
         .flatten()
         .collect();
-    for addr in admin_addrs {
-        let listener = admin::bind(addr).with_context(|| format!("bind admin {addr}"))?;
-        tokio::spawn(admin::serve(listener, state.clone(), stop_rx.clone()));
+    let dns_addrs = listen_addrs(&config);
+    let (mut listeners, opened) = Listeners::open(&dns_addrs, &admin_addrs, threads, inherited)?;
+    let mut generation = Some(Generation::spawn(
+        &listeners,
+        &shared,
+        &state,
+        limits,
+        &connections,
+    )?);
+    handoff.serving().await?;
+    for addr in &dns_addrs {
+        tracing::info!(%addr, "serving DNS (UDP, TCP)");
+    }
+    for addr in &admin_addrs {
         tracing::info!(%addr, "serving /health, /ready, /metrics");
+    }
+    if opened.inherited > 0 {
+        tracing::info!(
+            inherited = opened.inherited,
+            bound = opened.bound,
+            unused = opened.unused,
+            "took the listening sockets over from the running instance"
+        );
     }
 
     // Readiness: listeners and rules are up; wait for one upstream answer per block.
@@ -209,31 +212,102 @@ pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
         });
     }
 
-    wait_for_signals(reload_tx).await;
+    // Until a signal: hand the sockets to a new instance, or serve them again when it leaves.
+    let mut host = host;
+    let signals = wait_for_signals(reload_tx);
+    tokio::pin!(signals);
+    loop {
+        let event = tokio::select! {
+            _ = &mut signals => break,
+            event = handoff.next() => event,
+        };
+        match event {
+            handoff::Event::Successor(link) => match handoff.hand_over(link, &listeners).await {
+                Ok(pid) => {
+                    // It reads every socket now: stop reading (answering what was read) and
+                    // leave the host to it. Idle until SIGTERM: exiting would make the kubelet
+                    // restart this container, which would take the sockets back.
+                    if let Some(generation) = generation.take() {
+                        generation.stop().await;
+                    }
+                    if let Some(host) = host.take() {
+                        host.release().await;
+                    }
+                    tracing::info!(pid, "handed the listening sockets over; idle until SIGTERM");
+                }
+                Err(err) => tracing::warn!(%err, "still serving"),
+            },
+            handoff::Event::TakeBack | handoff::Event::SuccessorLost => {
+                let sockets = if matches!(event, handoff::Event::TakeBack) {
+                    handoff.take_back().await
+                } else {
+                    tracing::warn!("the instance serving the sockets is gone; serving them again");
+                    Vec::new()
+                };
+                let sockets = if sockets.is_empty() {
+                    listeners.try_clone()?.into_sockets()
+                } else {
+                    sockets
+                };
+                listeners = Listeners::open(&dns_addrs, &admin_addrs, threads, sockets)?.0;
+                generation = Some(Generation::spawn(
+                    &listeners,
+                    &shared,
+                    &state,
+                    limits,
+                    &connections,
+                )?);
+                handoff.resumed().await?;
+                tracing::info!("serving the listening sockets again");
+                host = host::start(&args.host, &config.local_ips, health_port, &host_metrics)
+                    .await
+                    .inspect_err(|err| tracing::error!("{err:#}"))
+                    .ok()
+                    .flatten();
+            }
+            handoff::Event::Released => {
+                tracing::info!("the instance serving now took over from another; idle for good");
+            }
+            handoff::Event::PredecessorGone => {
+                tracing::debug!("the instance this one took over from is gone");
+            }
+        }
+    }
 
-    // Shutdown, in the order that never leaves a pod without an answer.
+    // Shutdown, in the order that never leaves a pod without an answer. Only the last instance
+    // on the node touches the host plumbing: an idle one (it handed over) or one that handed
+    // the sockets back leaves it to the instance that serves.
     tracing::info!("shutting down");
     state.readiness.drain();
-    if let Some(host) = &host {
-        host.withdraw().await;
-    }
-    tokio::time::sleep(drain).await;
-    shared.stop();
-    let _ = stop_tx.send(true);
-    for task in tcp_tasks {
-        let _ = task.await;
-    }
-    let joined = tokio::task::spawn_blocking(move || {
-        for thread in udp_threads {
-            let _ = thread.join();
+    let last = match &generation {
+        None => {
+            handoff.bye().await;
+            false
         }
-    });
-    let _ = joined.await;
+        Some(_) => !handoff.give_back(&listeners).await,
+    };
+    if last {
+        if let Some(host) = &host {
+            host.withdraw().await;
+        }
+        tokio::time::sleep(drain).await;
+    } else {
+        tracing::info!("another instance serves: leaving the host networking in place");
+    }
+    shared.stop();
+    if let Some(generation) = generation {
+        generation.stop().await;
+    }
     // Misses still in flight get their answers (the upstream deadline bounds the wait).
     shared.wait_idle(Duration::from_secs(3)).await;
     if let Some(host) = host {
-        host.teardown().await;
+        if last {
+            host.teardown().await;
+        } else {
+            host.release().await;
+        }
     }
+    handoff.close();
     tracing::info!("stopped");
     Ok(())
 }

@@ -55,6 +55,17 @@ pub struct RunArgs {
     #[arg(long, default_value = "10s", value_parser = config::go_duration)]
     pub tcp_idle_timeout: Duration,
 
+    /// Open TCP connections from one client address at most (0: no per-client limit), so one
+    /// client cannot take every connection.
+    #[arg(long, default_value_t = 128)]
+    pub tcp_max_connections_per_client: usize,
+
+    /// Directory shared by every nodedns instance on the node (a hostPath). A new instance takes
+    /// the listening sockets over from the running one through a Unix socket here, so an upgrade
+    /// loses no query (docs/reliability.md). Without it, no hand-over.
+    #[arg(long, value_name = "DIR", env = "NODEDNS_HANDOFF_DIR")]
+    pub handoff_dir: Option<std::path::PathBuf>,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "NODEDNS_LOG_FORMAT")]
     pub log_format: LogFormat,

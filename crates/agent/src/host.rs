@@ -67,7 +67,9 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
         Err(_) => crate::config::go_duration(text)?,
     };
     if interval.is_zero() {
-        return Err(format!("invalid interval `{text}`: must be more than zero (e.g. 60s)"));
+        return Err(format!(
+            "invalid interval `{text}`: must be more than zero (e.g. 60s)"
+        ));
     }
     Ok(interval)
 }
@@ -155,6 +157,13 @@ impl HostHandle {
             Ok(()) => tracing::info!("service-IP rules withdrawn"),
             Err(e) => tracing::error!(error = %error_chain(&e), "withdrawing service-IP rules"),
         }
+    }
+
+    /// Stops the reconcile loop and leaves the link and the rules as they are: another
+    /// instance on the node serves (it took the listening sockets over) and maintains them.
+    pub async fn release(self) {
+        let _ = self.stop.send(true);
+        let _ = self.reconcile.await;
     }
 
     /// Last step of shutdown: stops the reconcile loop, then (unless `--skip-teardown`)

@@ -4,6 +4,7 @@
 //! - [`cli`]: the command line (nodedns's flags and node-cache's, unchanged);
 //! - [`config`]: the Corefile, node-cache's template variables, the kube-dns ConfigMap → [`config::Config`];
 //! - [`host`]: the node's link, addresses and NOTRACK rules (crate `nodedns-hostnet`);
+//! - [`handoff`]: zero-gap upgrades (the listening sockets handed to a new instance);
 //! - [`serve`]: the UDP and TCP listeners and the request pipeline;
 //! - [`admin`]: `/health`, `/ready`, `/metrics`;
 //! - [`app`]: start-up and shutdown order.
@@ -15,6 +16,7 @@ mod admin;
 mod app;
 mod cli;
 mod config;
+mod handoff;
 mod host;
 mod metrics;
 mod serve;

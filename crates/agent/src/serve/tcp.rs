@@ -4,13 +4,15 @@
 //! can be, so answers may leave out of order (RFC 7766 §7). The reader and the writer are separate
 //! tasks joined by a bounded channel, so a slow upstream answer never holds back a cached one.
 //!
-//! Bounds, so that no client can hurt another: a cap on open connections (beyond it new ones are
-//! closed at once), an idle timeout that also covers a client dripping a frame byte by byte, and a
-//! cap on queries in flight per connection (the reader stops reading until answers drain).
+//! Bounds, so that no client can hurt another: a cap on open connections, in all and per client
+//! address (beyond either, new ones are closed at once), an idle timeout that also covers a client
+//! dripping a frame byte by byte, and a cap on queries in flight per connection (the reader stops
+//! reading until answers drain).
 
+use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -22,8 +24,8 @@ use super::Shared;
 use super::pipeline::{self, Front, ReplyTo, Waiter};
 use crate::metrics::Proto;
 
-/// Limits for one client connection (the cap on open connections is a semaphore shared by
-/// every listener, given to [`run`]).
+/// Limits for one client connection (the caps on open connections are [`Connections`], shared
+/// by every listener).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// A connection with no complete query for this long is closed (RFC 7766 §6.2.3).
@@ -37,6 +39,73 @@ impl Default for Limits {
         Limits {
             idle_timeout: Duration::from_secs(10),
             max_in_flight: 128,
+        }
+    }
+}
+
+/// The caps on open client connections, shared by every TCP listener: in all, and per client
+/// address.
+#[derive(Debug)]
+pub struct Connections {
+    total: Arc<Semaphore>,
+    /// 0: no per-client cap.
+    per_client: usize,
+    /// Open connections per client address. An address is here only while it has a connection
+    /// open, and each of those holds a `total` permit, so the map never outgrows the total cap.
+    clients: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Connections {
+    pub fn new(total: usize, per_client: usize) -> Self {
+        Connections {
+            total: Arc::new(Semaphore::new(total.min(Semaphore::MAX_PERMITS))),
+            per_client,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A place for one more connection from `client`, or `None` when either cap is reached.
+    pub fn admit(self: &Arc<Self>, client: IpAddr) -> Option<Admitted> {
+        let total = self.total.clone().try_acquire_owned().ok()?;
+        if self.per_client > 0 {
+            let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+            let open = clients.entry(client).or_insert(0);
+            if *open >= self.per_client {
+                return None;
+            }
+            *open += 1;
+        }
+        Some(Admitted {
+            connections: self.clone(),
+            client,
+            _total: total,
+        })
+    }
+}
+
+/// One admitted connection's place; given back on drop.
+#[derive(Debug)]
+pub struct Admitted {
+    connections: Arc<Connections>,
+    client: IpAddr,
+    _total: OwnedSemaphorePermit,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if self.connections.per_client == 0 {
+            return;
+        }
+        let mut clients = self
+            .connections
+            .clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(open) = clients.get_mut(&self.client) {
+            *open -= 1;
+            if *open == 0 {
+                clients.remove(&self.client);
+            }
         }
     }
 }
@@ -65,7 +134,7 @@ pub async fn run(
     listener: TcpListener,
     local: SocketAddr,
     limits: Limits,
-    connections: Arc<Semaphore>,
+    connections: Arc<Connections>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -73,7 +142,7 @@ pub async fn run(
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => return,
         };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(err) => {
                 // EMFILE and friends: back off briefly rather than spin.
@@ -82,14 +151,14 @@ pub async fn run(
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let Some(admitted) = connections.admit(peer.ip()) else {
             shared.metrics.counters().tcp_refused();
             drop(stream);
             continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            serve_connection(shared, stream, local, limits, permit).await;
+            serve_connection(shared, stream, local, limits, admitted).await;
         });
     }
 }
@@ -100,7 +169,7 @@ async fn serve_connection(
     stream: TcpStream,
     local: SocketAddr,
     limits: Limits,
-    _permit: OwnedSemaphorePermit,
+    _admitted: Admitted,
 ) {
     let _ = stream.set_nodelay(true);
     let (mut reader, mut writer) = stream.into_split();
@@ -186,4 +255,55 @@ async fn read_frame(
     buf.resize(len, 0);
     reader.read_exact(buf).await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 244, 1, last])
+    }
+
+    #[test]
+    fn a_client_gets_at_most_its_share_and_others_still_get_in() {
+        let connections = Arc::new(Connections::new(100, 2));
+        let first = connections.admit(ip(1)).expect("first");
+        let second = connections.admit(ip(1)).expect("second");
+        assert!(
+            connections.admit(ip(1)).is_none(),
+            "a third from the same client"
+        );
+        let other = connections
+            .admit(ip(2))
+            .expect("another client is not affected");
+        drop((first, second, other));
+    }
+
+    #[test]
+    fn a_closed_connection_gives_its_place_back_and_idle_clients_are_forgotten() {
+        let connections = Arc::new(Connections::new(100, 1));
+        let held = connections.admit(ip(1)).unwrap();
+        assert!(connections.admit(ip(1)).is_none());
+        drop(held);
+        let again = connections.admit(ip(1)).expect("the place came back");
+        drop(again);
+        for last in 0..=255 {
+            drop(connections.admit(ip(last)).unwrap());
+        }
+        assert!(connections.clients.lock().unwrap().is_empty());
+        assert_eq!(connections.total.available_permits(), 100);
+    }
+
+    #[test]
+    fn the_total_cap_holds_whatever_the_clients() {
+        let connections = Arc::new(Connections::new(3, 0));
+        let held: Vec<_> = (0..3).map(|i| connections.admit(ip(i)).unwrap()).collect();
+        assert!(connections.admit(ip(9)).is_none());
+        // Without a per-client cap one address may take them all.
+        drop(held);
+        let same: Vec<_> = (0..3).map(|_| connections.admit(ip(1)).unwrap()).collect();
+        assert_eq!(same.len(), 3);
+        assert!(connections.clients.lock().unwrap().is_empty());
+    }
 }

@@ -16,6 +16,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -77,16 +78,19 @@ pub fn send_nonblocking(socket: &UdpSocket, buf: &[u8], peer: SocketAddr) -> nix
     sendto(socket.as_raw_fd(), buf, &addr, MsgFlags::MSG_DONTWAIT)
 }
 
-/// Runs one worker until shutdown. `local` is the address the socket is bound to.
+/// Runs one worker until shutdown, or until `stop` is set (the socket was handed to another
+/// instance). `local` is the address the socket is bound to. A batch that was read is always
+/// answered before the loop looks at either flag.
 pub fn run(
     shared: Arc<Shared>,
     socket: Arc<UdpSocket>,
     local: SocketAddr,
     runtime: tokio::runtime::Handle,
+    stop: Arc<AtomicBool>,
 ) {
     let counters = shared.metrics.worker();
     let mut worker = Worker::new();
-    while !shared.stopping() {
+    while !shared.stopping() && !stop.load(Ordering::Relaxed) {
         match worker.serve_batch(&shared, &counters, &socket, local, &runtime) {
             Ok(()) => {}
             Err(Errno::EAGAIN | Errno::EINTR) => {}

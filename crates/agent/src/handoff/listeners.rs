@@ -1,0 +1,382 @@
+//! The listening sockets of one instance, whether bound here or received from another instance,
+//! and a [`Generation`]: the workers and tasks serving them, which can be stopped (after a
+//! hand-over) and started again on the same sockets (after a take-back).
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use socket2::{SockRef, Type};
+use tokio::sync::watch;
+
+use crate::admin;
+use crate::serve::{Shared, tcp, udp};
+
+/// What a listening socket serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// DNS over UDP: one socket per worker, all in the address's `SO_REUSEPORT` group.
+    Udp,
+    /// DNS over TCP: one listener per address.
+    Tcp,
+    /// `/health`, `/ready`, `/metrics`.
+    Admin,
+}
+
+impl Kind {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Kind::Udp => "udp",
+            Kind::Tcp => "tcp",
+            Kind::Admin => "admin",
+        }
+    }
+
+    pub(super) fn from_name(name: &str) -> Option<Kind> {
+        match name {
+            "udp" => Some(Kind::Udp),
+            "tcp" => Some(Kind::Tcp),
+            "admin" => Some(Kind::Admin),
+            _ => None,
+        }
+    }
+
+    fn socket_type(self) -> Type {
+        match self {
+            Kind::Udp => Type::DGRAM,
+            Kind::Tcp | Kind::Admin => Type::STREAM,
+        }
+    }
+}
+
+/// One listening socket.
+#[derive(Debug)]
+pub struct Socket {
+    pub kind: Kind,
+    pub addr: SocketAddr,
+    pub fd: OwnedFd,
+}
+
+impl Socket {
+    /// Checks a socket received from another instance: it must be of the kind and bound to the
+    /// address the message said. A descriptor that is not is closed, never served.
+    pub fn received(kind: Kind, addr: SocketAddr, fd: OwnedFd) -> io::Result<Socket> {
+        let sock = SockRef::from(&fd);
+        let actual_type = sock.r#type()?;
+        let actual_addr = sock.local_addr()?.as_socket();
+        if actual_type != kind.socket_type() || actual_addr != Some(addr) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "received {} {addr} is a {actual_type:?} socket bound to {actual_addr:?}",
+                    kind.name()
+                ),
+            ));
+        }
+        if kind != Kind::Udp && !sock.is_listener()? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("received {} {addr} is not listening", kind.name()),
+            ));
+        }
+        Ok(Socket { kind, addr, fd })
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Every listening socket of an instance.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    sockets: Vec<Socket>,
+}
+
+/// How [`Listeners::open`] came by its sockets (for the log).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// Received from another instance and served.
+    pub inherited: usize,
+    /// Bound here (no instance had them).
+    pub bound: usize,
+    /// Received but not served: their address is not in this instance's configuration.
+    pub unused: usize,
+}
+
+impl Listeners {
+    /// The sockets for `dns` and `admin` addresses: those `inherited` from another instance
+    /// where it had them (every UDP socket it had for an address, whatever `threads` says: the
+    /// queries queued on each must be read), the rest bound here (`threads` UDP sockets per
+    /// address). Binding everything before serving anything, so a bad address fails start-up
+    /// whole.
+    pub fn open(
+        dns: &BTreeSet<SocketAddr>,
+        admin: &BTreeSet<SocketAddr>,
+        threads: usize,
+        inherited: Vec<Socket>,
+    ) -> anyhow::Result<(Listeners, Opened)> {
+        let mut opened = Opened::default();
+        let mut sockets = Vec::new();
+        let wanted = |s: &Socket| match s.kind {
+            Kind::Udp | Kind::Tcp => dns.contains(&s.addr),
+            Kind::Admin => admin.contains(&s.addr),
+        };
+        for socket in inherited {
+            if wanted(&socket) {
+                opened.inherited += 1;
+                sockets.push(socket);
+            } else {
+                opened.unused += 1;
+            }
+        }
+        let has = |sockets: &[Socket], kind: Kind, addr: SocketAddr| {
+            sockets.iter().any(|s| s.kind == kind && s.addr == addr)
+        };
+        let mut bound = Vec::new();
+        for &addr in dns {
+            if !has(&sockets, Kind::Udp, addr) {
+                for _ in 0..threads.max(1) {
+                    let socket = udp::bind(addr).with_context(|| format!("bind UDP {addr}"))?;
+                    bound.push(Socket {
+                        kind: Kind::Udp,
+                        addr,
+                        fd: socket.into(),
+                    });
+                }
+            }
+            if !has(&sockets, Kind::Tcp, addr) {
+                let listener = tcp::bind(addr).with_context(|| format!("bind TCP {addr}"))?;
+                bound.push(Socket {
+                    kind: Kind::Tcp,
+                    addr,
+                    fd: listener.into_std().context("TCP listener")?.into(),
+                });
+            }
+        }
+        for &addr in admin {
+            if !has(&sockets, Kind::Admin, addr) {
+                let listener = admin::bind(addr).with_context(|| format!("bind admin {addr}"))?;
+                bound.push(Socket {
+                    kind: Kind::Admin,
+                    addr,
+                    fd: listener.into_std().context("admin listener")?.into(),
+                });
+            }
+        }
+        opened.bound = bound.len();
+        sockets.extend(bound);
+        Ok((Listeners { sockets }, opened))
+    }
+
+    pub fn sockets(&self) -> &[Socket] {
+        &self.sockets
+    }
+
+    /// The same sockets under new descriptors (`dup`): kept while another instance serves them,
+    /// so that they can be served again if it goes away.
+    pub fn try_clone(&self) -> io::Result<Listeners> {
+        let sockets = self
+            .sockets
+            .iter()
+            .map(|s| {
+                Ok(Socket {
+                    kind: s.kind,
+                    addr: s.addr,
+                    fd: s.fd.try_clone()?,
+                })
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(Listeners { sockets })
+    }
+
+    /// Hands the sockets out, for serving them again after a take-back.
+    pub fn into_sockets(self) -> Vec<Socket> {
+        self.sockets
+    }
+}
+
+/// What serves a [`Listeners`]: a UDP worker thread per UDP socket, an accept task per TCP and
+/// admin listener. Connections already accepted are not part of it: they live on until their
+/// client closes them or they idle out, also after [`Generation::stop`].
+#[derive(Debug)]
+pub struct Generation {
+    stop: watch::Sender<bool>,
+    udp_stop: Arc<AtomicBool>,
+    udp_threads: Vec<std::thread::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Generation {
+    /// Starts serving every socket of `listeners` (through duplicated descriptors, so the
+    /// listeners stay usable after [`Generation::stop`]). Must run inside the tokio runtime.
+    pub fn spawn<S: admin::Source>(
+        listeners: &Listeners,
+        shared: &Arc<Shared>,
+        admin_source: &Arc<S>,
+        limits: tcp::Limits,
+        connections: &Arc<tcp::Connections>,
+    ) -> anyhow::Result<Generation> {
+        let runtime = tokio::runtime::Handle::current();
+        let (stop, stopped) = watch::channel(false);
+        let udp_stop = Arc::new(AtomicBool::new(false));
+        let mut generation = Generation {
+            stop,
+            udp_stop,
+            udp_threads: Vec::new(),
+            tasks: Vec::new(),
+        };
+        let mut workers = 0usize;
+        for socket in &listeners.sockets {
+            let fd = socket
+                .fd
+                .try_clone()
+                .context("duplicate a listening socket")?;
+            let addr = socket.addr;
+            match socket.kind {
+                Kind::Udp => {
+                    let socket = Arc::new(std::net::UdpSocket::from(fd));
+                    let (shared, runtime, stop) =
+                        (shared.clone(), runtime.clone(), generation.udp_stop.clone());
+                    let thread = std::thread::Builder::new()
+                        .name(format!("udp-{workers}"))
+                        .spawn(move || udp::run(shared, socket, addr, runtime, stop))
+                        .context("spawn UDP worker")?;
+                    workers += 1;
+                    generation.udp_threads.push(thread);
+                }
+                Kind::Tcp => {
+                    let listener = tokio::net::TcpListener::from_std(fd.into())
+                        .context("register TCP listener")?;
+                    generation.tasks.push(tokio::spawn(tcp::run(
+                        shared.clone(),
+                        listener,
+                        addr,
+                        limits,
+                        connections.clone(),
+                        stopped.clone(),
+                    )));
+                }
+                Kind::Admin => {
+                    let listener = tokio::net::TcpListener::from_std(fd.into())
+                        .context("register admin listener")?;
+                    generation.tasks.push(tokio::spawn(admin::serve(
+                        listener,
+                        admin_source.clone(),
+                        stopped.clone(),
+                    )));
+                }
+            }
+        }
+        Ok(generation)
+    }
+
+    /// Stops reading: UDP workers answer the batch they read and return, accept loops return.
+    /// The sockets stay open (in [`Listeners`], and in the instance that now serves them), so
+    /// nothing queued on them is lost.
+    pub async fn stop(self) {
+        self.udp_stop.store(true, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let threads = self.udp_threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loopback() -> SocketAddr {
+        // A port free for UDP and TCP alike.
+        for _ in 0..64 {
+            let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = tcp.local_addr().unwrap();
+            if std::net::UdpSocket::bind(addr).is_ok() {
+                return addr;
+            }
+        }
+        panic!("no free port");
+    }
+
+    #[tokio::test]
+    async fn open_binds_threads_udp_sockets_a_tcp_and_an_admin_listener() {
+        let (dns, admin) = (loopback(), loopback());
+        let (listeners, opened) =
+            Listeners::open(&[dns].into(), &[admin].into(), 3, Vec::new()).unwrap();
+        assert_eq!(
+            opened,
+            Opened {
+                inherited: 0,
+                bound: 5,
+                unused: 0
+            }
+        );
+        let kinds: Vec<_> = listeners
+            .sockets()
+            .iter()
+            .map(|s| (s.kind, s.addr))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (Kind::Udp, dns),
+                (Kind::Udp, dns),
+                (Kind::Udp, dns),
+                (Kind::Tcp, dns),
+                (Kind::Admin, admin)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn inherited_sockets_are_served_as_they_are_and_unwanted_ones_are_dropped() {
+        let (dns, gone) = (loopback(), loopback());
+        let (old, _) =
+            Listeners::open(&[dns, gone].into(), &BTreeSet::new(), 2, Vec::new()).unwrap();
+        let inherited = old.try_clone().unwrap().into_sockets();
+        // The new instance wants more workers, and no longer serves `gone`.
+        let (new, opened) = Listeners::open(&[dns].into(), &BTreeSet::new(), 8, inherited).unwrap();
+        assert_eq!(
+            opened,
+            Opened {
+                inherited: 3,
+                bound: 0,
+                unused: 3
+            }
+        );
+        assert!(new.sockets().iter().all(|s| s.addr == dns));
+        assert_eq!(
+            new.sockets().iter().filter(|s| s.kind == Kind::Udp).count(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn a_received_descriptor_must_be_what_the_message_says() {
+        let addr = loopback();
+        let udp = std::net::UdpSocket::bind(addr).unwrap();
+        let tcp = std::net::TcpListener::bind(addr).unwrap();
+        let other = loopback();
+        assert!(Socket::received(Kind::Udp, addr, udp.try_clone().unwrap().into()).is_ok());
+        assert!(Socket::received(Kind::Tcp, addr, tcp.try_clone().unwrap().into()).is_ok());
+        assert!(Socket::received(Kind::Tcp, addr, udp.try_clone().unwrap().into()).is_err());
+        assert!(Socket::received(Kind::Udp, other, udp.into()).is_err());
+        // A connected stream is not a listener.
+        let stream = std::net::TcpStream::connect(addr).unwrap();
+        assert!(
+            Socket::received(Kind::Admin, stream.local_addr().unwrap(), stream.into()).is_err()
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Two instances in one process: the protocol, the stale socket file, hand-back, a lost
+//! successor. (The binary, two processes and real traffic: integration/tests/reliability_upgrade.rs.)
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "nodedns-handoff-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        Dir(path)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    for _ in 0..64 {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = tcp.local_addr().unwrap();
+        if std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free port");
+}
+
+fn open(dns: SocketAddr, inherited: Vec<Socket>) -> Listeners {
+    Listeners::open(&[dns].into(), &BTreeSet::new(), 2, inherited)
+        .unwrap()
+        .0
+}
+
+/// An instance that serves: started, listening on `dns`, accepting new instances.
+async fn first(dir: &Dir, dns: SocketAddr) -> (Handoff, Listeners) {
+    let (mut handoff, inherited) = Handoff::start(Some(&dir.0)).await.unwrap();
+    assert!(inherited.is_empty());
+    let listeners = open(dns, inherited);
+    handoff.serving().await.unwrap();
+    (handoff, listeners)
+}
+
+/// Starts a second instance while `old` serves: `old` hands over from a task. Returns both.
+async fn second(
+    dir: &Dir,
+    dns: SocketAddr,
+    mut old: Handoff,
+    old_listeners: Listeners,
+) -> ((Handoff, Listeners), (Handoff, Listeners)) {
+    let handing = tokio::spawn(async move {
+        let Event::Successor(link) = old.next().await else {
+            panic!("expected a new instance");
+        };
+        old.hand_over(link, &old_listeners).await.unwrap();
+        (old, old_listeners)
+    });
+    let (mut new, inherited) = Handoff::start(Some(&dir.0)).await.unwrap();
+    assert_eq!(inherited.len(), 3, "two UDP sockets and a TCP listener");
+    let listeners = open(dns, inherited);
+    new.serving().await.unwrap();
+    let old = handing.await.unwrap();
+    (old, (new, listeners))
+}
+
+#[tokio::test]
+async fn without_a_directory_nothing_is_handed_over() {
+    let (mut handoff, inherited) = Handoff::start(None).await.unwrap();
+    assert!(inherited.is_empty());
+    handoff.serving().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_millis(50), handoff.next()).await;
+    assert!(next.is_err(), "nothing to wait for");
+    assert!(!handoff.give_back(&Listeners::default()).await);
+}
+
+#[tokio::test]
+async fn a_new_instance_receives_the_very_sockets_of_the_running_one() {
+    let dir = Dir::new();
+    let dns = free_addr();
+    let (old, old_listeners) = first(&dir, dns).await;
+    let udp = std::net::UdpSocket::from(
+        old_listeners.sockets()[0]
+            .fd
+            .try_clone()
+            .expect("dup the old UDP socket"),
+    );
+    // A query queued on the old socket before the hand-over...
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.send_to(b"queued", dns).unwrap();
+    let ((_old, _), (new, listeners)) = second(&dir, dns, old, old_listeners).await;
+    assert!(new.has_predecessor());
+    // ...is read by the new instance from one of the sockets it received (the kernel puts a
+    // client's datagrams on one socket of the group; try both).
+    let mut got = None;
+    for socket in listeners.sockets().iter().filter(|s| s.kind == Kind::Udp) {
+        let socket = std::net::UdpSocket::from(socket.fd.try_clone().unwrap());
+        socket.set_nonblocking(true).unwrap();
+        let mut buf = [0; 16];
+        if let Ok((n, _)) = socket.recv_from(&mut buf) {
+            got = Some(buf[..n].to_vec());
+        }
+    }
+    assert_eq!(got.as_deref(), Some(&b"queued"[..]));
+    drop(udp);
+}
+
+#[tokio::test]
+async fn a_stale_socket_file_is_replaced() {
+    let dir = Dir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    // An instance that died: its socket file stays, nobody listens on it.
+    drop(listen(&dir.0.join(SOCKET_FILE)).unwrap());
+    assert!(dir.0.join(SOCKET_FILE).exists());
+    let (mut handoff, inherited) = Handoff::start(Some(&dir.0)).await.unwrap();
+    assert!(inherited.is_empty());
+    handoff.serving().await.unwrap();
+    // And the new file is live: a third instance can connect to it.
+    assert!(Link::connect(&dir.0.join(SOCKET_FILE)).is_ok());
+    handoff.close();
+    assert!(!dir.0.join(SOCKET_FILE).exists());
+}
+
+#[tokio::test]
+async fn the_idle_instance_says_bye_and_the_serving_one_is_then_the_last() {
+    let dir = Dir::new();
+    let dns = free_addr();
+    let (old, old_listeners) = first(&dir, dns).await;
+    let ((mut old, _), (mut new, listeners)) = second(&dir, dns, old, old_listeners).await;
+    old.bye().await;
+    assert!(matches!(new.next().await, Event::PredecessorGone));
+    assert!(!new.has_predecessor());
+    assert!(!new.give_back(&listeners).await, "nobody to give back to");
+}
+
+#[tokio::test]
+async fn an_exiting_successor_hands_the_sockets_back() {
+    let dir = Dir::new();
+    let dns = free_addr();
+    let (old, old_listeners) = first(&dir, dns).await;
+    let ((mut old, _kept), (mut new, listeners)) = second(&dir, dns, old, old_listeners).await;
+    let taking = tokio::spawn(async move {
+        assert!(matches!(old.next().await, Event::TakeBack));
+        let sockets = old.take_back().await;
+        old.resumed().await.unwrap();
+        (old, sockets)
+    });
+    assert!(
+        new.give_back(&listeners).await,
+        "the old instance took them"
+    );
+    let (mut old, sockets) = taking.await.unwrap();
+    assert_eq!(sockets.len(), 3);
+    // The old instance listens for the next one again; the exiting one leaves its file alone.
+    new.close();
+    assert!(dir.0.join(SOCKET_FILE).exists());
+    old.close();
+    assert!(!dir.0.join(SOCKET_FILE).exists());
+}
+
+#[tokio::test]
+async fn a_successor_that_dies_gives_the_sockets_back_to_the_idle_instance() {
+    let dir = Dir::new();
+    let dns = free_addr();
+    let (old, old_listeners) = first(&dir, dns).await;
+    let ((mut old, kept), (new, _listeners)) = second(&dir, dns, old, old_listeners).await;
+    drop(new);
+    assert!(matches!(old.next().await, Event::SuccessorLost));
+    assert_eq!(
+        kept.sockets().len(),
+        3,
+        "the idle instance kept its descriptors"
+    );
+    old.resumed().await.unwrap();
+    // A new instance can take over from it again.
+    let ((_, _), (new, _)) = second(&dir, dns, old, kept).await;
+    assert!(new.has_predecessor());
+}
+
+#[tokio::test]
+async fn a_second_hand_over_releases_the_first_idle_instance() {
+    let dir = Dir::new();
+    let dns = free_addr();
+    let (a, a_listeners) = first(&dir, dns).await;
+    let ((mut a, _), (b, b_listeners)) = second(&dir, dns, a, a_listeners).await;
+    let ((_b, _), (mut c, c_listeners)) = second(&dir, dns, b, b_listeners).await;
+    // A must not take the sockets back because B went idle: it is released.
+    assert!(matches!(a.next().await, Event::Released));
+    let next = tokio::time::timeout(Duration::from_millis(50), a.next()).await;
+    assert!(next.is_err(), "nothing more for A: {next:?}");
+    // C's predecessor is B (idle), not A.
+    assert!(c.has_predecessor());
+    drop(c_listeners);
+    c.close();
+}
+
+#[tokio::test]
+async fn a_peer_speaking_garbage_fails_the_start_up_not_the_process() {
+    let dir = Dir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let listener = listen(&dir.0.join(SOCKET_FILE)).unwrap();
+    let talking = tokio::spawn(async move {
+        let link = accept(Some(&listener)).await.unwrap();
+        let _hello = link.recv().await.unwrap();
+        link.send(&Message::Serving, None).await.unwrap();
+        // Keep the connection open until the other side gave up.
+        let _ = link.recv().await;
+    });
+    let err = Handoff::start(Some(&dir.0)).await.unwrap_err();
+    assert!(matches!(err, Error::Receive(_)), "{err}");
+    talking.await.unwrap();
+}
