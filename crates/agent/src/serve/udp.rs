@@ -29,8 +29,10 @@ use super::Shared;
 use super::pipeline::{self, Front, ReplyTo, Waiter};
 use crate::metrics::{Counters, Proto};
 
-/// Datagrams taken per `recvmmsg`.
-const BATCH: usize = 32;
+/// Datagrams taken per `recvmmsg` at most.
+const BATCH: usize = 64;
+/// Datagrams asked for when the last batch was small.
+const MIN_WANT: usize = 4;
 /// Largest query accepted. Queries are small (one question, maybe an OPT with a cookie); a
 /// datagram longer than this is truncated by the kernel and then fails to parse.
 const MAX_QUERY: usize = 2048;
@@ -102,7 +104,9 @@ pub fn run(
     }
 }
 
-/// One worker's reusable buffers.
+/// One worker's reusable buffers. Nothing is allocated per batch: the send side's I/O vectors
+/// borrow the buffers, so they are kept as an empty vector between batches and refilled in place
+/// ([`recycle`]).
 struct Worker {
     inbuf: Vec<[u8; MAX_QUERY]>,
     outbuf: Vec<Vec<u8>>,
@@ -110,8 +114,23 @@ struct Worker {
     send_headers: MultiHeaders<SockaddrStorage>,
     /// (length, peer) of each datagram of the current batch.
     received: Vec<(usize, Option<SockaddrStorage>)>,
-    /// (slot, peer) of each answer of the current batch.
-    answers: Vec<(usize, Option<SockaddrStorage>)>,
+    /// Slot of each answer of the current batch.
+    answers: Vec<usize>,
+    /// Peers of the answers, in order (what `sendmmsg` takes).
+    peers: Vec<Option<SockaddrStorage>>,
+    send_iovs: Vec<[IoSlice<'static>; 1]>,
+    /// Datagrams asked of the next `recvmmsg`: twice the last batch, so a lightly loaded worker
+    /// does not set up a full batch of headers for every datagram, and a busy one grows to
+    /// [`BATCH`].
+    want: usize,
+}
+
+/// Reuses a vector's allocation for another element type of the same size and alignment (here the
+/// same I/O vector type, with the lifetime of this batch's buffers). The standard library collects
+/// `into_iter().map(..)` in place, keeping the capacity.
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("the vector was cleared")).collect()
 }
 
 impl Worker {
@@ -123,6 +142,9 @@ impl Worker {
             send_headers: MultiHeaders::preallocate(BATCH, None),
             received: Vec::with_capacity(BATCH),
             answers: Vec::with_capacity(BATCH),
+            peers: Vec::with_capacity(BATCH),
+            send_iovs: Vec::with_capacity(BATCH),
+            want: MIN_WANT,
         }
     }
 
@@ -136,28 +158,30 @@ impl Worker {
     ) -> Result<(), Errno> {
         let fd = socket.as_raw_fd();
         self.received.clear();
-        {
-            let mut iovs: [[IoSliceMut<'_>; 1]; BATCH] =
-                std::array::from_fn(|_| [IoSliceMut::new(&mut [])]);
-            for (iov, buf) in iovs.iter_mut().zip(self.inbuf.iter_mut()) {
-                *iov = [IoSliceMut::new(buf)];
+        // nix ties the I/O vectors' borrow to the results', so they cannot be recycled like the
+        // send side's: a stack array, of which only the first `want` are handed to the kernel.
+        let mut bufs = self.inbuf.iter_mut();
+        let mut iovs: [[IoSliceMut<'_>; 1]; BATCH] =
+            std::array::from_fn(|_| [IoSliceMut::new(bufs.next().map_or(&mut [][..], |b| &mut b[..]))]);
+        let outcome = match recvmmsg(
+            fd,
+            &mut self.recv_headers,
+            iovs[..self.want].iter_mut(),
+            MsgFlags::MSG_WAITFORONE,
+            None,
+        ) {
+            Ok(results) => {
+                for msg in results {
+                    // A datagram longer than the buffer was cut by the kernel: parse nothing.
+                    let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) { 0 } else { msg.bytes };
+                    self.received.push((len, msg.address));
+                }
+                Ok(())
             }
-            let results = recvmmsg(
-                fd,
-                &mut self.recv_headers,
-                iovs.iter_mut(),
-                MsgFlags::MSG_WAITFORONE,
-                None,
-            )?;
-            for msg in results {
-                let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) {
-                    0
-                } else {
-                    msg.bytes
-                };
-                self.received.push((len, msg.address));
-            }
-        }
+            Err(err) => Err(err),
+        };
+        outcome?;
+        self.want = (self.received.len() * 2).clamp(MIN_WANT, BATCH);
         let now = Instant::now();
         let snap = shared.snapshot.load();
         self.answers.clear();
@@ -174,10 +198,10 @@ impl Worker {
             let out = &mut self.outbuf[slot];
             out.clear();
             match pipeline::answer(counters, &snap, packet, local, Proto::Udp, now, out) {
-                Front::Answered => self.answers.push((slot, peer)),
+                Front::Answered => self.answers.push(slot),
                 Front::Dropped => {}
                 Front::AnsweredRefresh(miss) => {
-                    self.answers.push((slot, peer));
+                    self.answers.push(slot);
                     runtime.spawn(pipeline::resolve(shared.clone(), miss, Waiter::nobody()));
                 }
                 Front::Miss(miss) => {
@@ -199,31 +223,32 @@ impl Worker {
     }
 
     fn send_answers(&mut self, fd: i32, counters: &Counters) {
+        if let [slot] = self.answers[..] {
+            // One answer (the common case below saturation): a plain sendto.
+            if let Some(peer) = &self.received[slot].1 {
+                if sendto(fd, &self.outbuf[slot], peer, MsgFlags::empty()).is_err() {
+                    counters.send_failed();
+                }
+            }
+            return;
+        }
+        self.peers.clear();
+        self.peers.extend(self.answers.iter().map(|&slot| self.received[slot].1));
+        let mut iovs = recycle(std::mem::take(&mut self.send_iovs));
+        iovs.extend(self.answers.iter().map(|&slot| [IoSlice::new(&self.outbuf[slot])]));
         let mut done = 0;
-        while done < self.answers.len() {
-            let pending = &self.answers[done..];
-            // Built on the stack each batch: an IoSlice borrows the output buffers, so it cannot
-            // be kept in `self`.
-            let slices: [[IoSlice<'_>; 1]; BATCH] = std::array::from_fn(|i| {
-                [IoSlice::new(
-                    pending
-                        .get(i)
-                        .map_or(&[][..], |&(slot, _)| &self.outbuf[slot]),
-                )]
-            });
-            let addrs: [Option<SockaddrStorage>; BATCH] =
-                std::array::from_fn(|i| pending.get(i).and_then(|&(_, peer)| peer));
-            let n = pending.len();
+        while done < iovs.len() {
             match sendmmsg(
                 fd,
                 &mut self.send_headers,
-                &slices[..n],
-                &addrs[..n],
+                &iovs[done..],
+                &self.peers[done..],
                 [],
                 MsgFlags::empty(),
             ) {
                 Ok(results) => {
-                    // A short count means the next datagram failed; the next call reports its error.
+                    // A short count means the next datagram failed; the next call reports its
+                    // error.
                     let sent = results.count();
                     if sent == 0 {
                         counters.send_failed();
@@ -239,6 +264,7 @@ impl Worker {
                 }
             }
         }
+        self.send_iovs = recycle(iovs);
     }
 }
 
@@ -248,4 +274,21 @@ fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
     }
     addr.as_sockaddr_in6()
         .map(|v6| SocketAddr::V6((*v6).into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recycle_keeps_the_allocation() {
+        let empty: Vec<[IoSlice<'static>; 1]> = Vec::with_capacity(BATCH);
+        let capacity = empty.capacity();
+        let buf = [0u8; 4];
+        let mut batch: Vec<[IoSlice<'_>; 1]> = recycle(empty);
+        batch.push([IoSlice::new(&buf)]);
+        let back: Vec<[IoSlice<'static>; 1]> = recycle(batch);
+        assert_eq!(back.capacity(), capacity);
+        assert!(back.is_empty());
+    }
 }
