@@ -265,6 +265,14 @@ def check(path, mode):
     for m in c.get("volumeMounts", []):
         if m["name"] not in vols:
             err(f"volumeMount {m['name']} has no volume")
+    # The upgrade hand-over goes through a directory both pods of the node see: a hostPath.
+    # Pods with their own network namespace (cilium) must not hand sockets over.
+    handoff = [a.split("=", 1)[1] for a in c.get("args", []) if a.startswith("--handoff-dir=")]
+    if host:
+        if len(handoff) != 1 or not vols.get(mounts.get(handoff[0]), {}).get("hostPath", {}).get("path"):
+            err("--handoff-dir is not set to a hostPath mount: upgrades would not hand over")
+    elif handoff:
+        err("--handoff-dir in a pod with its own network namespace")
 
     # References between the objects.
     if pod.get("serviceAccountName") not in {n for k, n in objs if k == "ServiceAccount"}:
