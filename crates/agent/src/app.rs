@@ -26,43 +26,46 @@ use crate::cli::RunArgs;
 use crate::config::{self, Config};
 use crate::handoff::{self, Generation, Handoff, Listeners};
 use crate::host;
-use crate::metrics::Metrics;
+use crate::logging;
+use crate::metrics::{self, Metrics};
 use crate::serve::{self, Shared, Snapshot, Zone, tcp};
 
 /// Everything the admin endpoints read.
 #[derive(Debug)]
 struct State {
     shared: Arc<Shared>,
+    /// Every metric: the crates' and the agent's ([`metrics::Exposition`]).
     registry: Registry,
     readiness: Readiness,
+    log: Arc<logging::Handle>,
 }
 
 impl admin::Source for State {
     fn metrics(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
-        self.shared
-            .metrics
-            .encode(&mut out, &self.shared.snapshot.load());
-        out.push_str("# EOF\n");
-        out
+        metrics::text(&self.registry)
     }
 
     fn readiness(&self) -> &Readiness {
         &self.readiness
     }
+
+    fn log(&self) -> Option<&logging::Handle> {
+        Some(&self.log)
+    }
 }
 
 /// Builds the data-path snapshot for `config`. Blocks whose cache policy and zones are unchanged
 /// from `previous` keep their cache (and its in-flight fetches); unchanged upstreams keep their
-/// pools.
+/// pools. Each block's metric label slots come from `metrics`.
 pub fn build_snapshot(
     config: Arc<Config>,
     previous: Option<&Snapshot>,
     upstream_metrics: &nodedns_upstream::Metrics,
+    metrics: &Metrics,
 ) -> anyhow::Result<Snapshot> {
     let mut zones = Vec::with_capacity(config.servers.len());
-    for (label, server) in config.servers.iter().enumerate() {
+    for server in &config.servers {
+        let label = metrics.zone_slots(&server.zones);
         let same = |z: &&Arc<Zone>| z.server.zones == server.zones;
         let old = previous.and_then(|p| p.zones.iter().find(same));
         let (cache, flights) = match (old, &server.cache) {
@@ -115,7 +118,8 @@ fn listen_addrs(config: &Config) -> BTreeSet<SocketAddr> {
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
+pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> anyhow::Result<()> {
+    logging::spawn_signal_handler(log.clone());
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -131,9 +135,18 @@ pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
         .lameduck
         .map_or(args.drain, |lameduck| lameduck.max(args.drain));
     let config = Arc::new(config);
-    let snapshot = build_snapshot(config.clone(), None, &upstream_metrics)?;
-    let metrics = Arc::new(Metrics::default());
+    let dns_addrs = listen_addrs(&config);
+    let metrics = Arc::new(Metrics::new(
+        &dns_addrs.iter().copied().collect::<Vec<_>>(),
+        metrics::Options {
+            counting: !args.no_metrics,
+            log_queries: args.query_log,
+            log_sample: args.query_log_sample,
+        },
+    ));
+    let snapshot = build_snapshot(config.clone(), None, &upstream_metrics, &metrics)?;
     let shared = Arc::new(Shared::new(snapshot, metrics));
+    registry.register_collector(Box::new(metrics::Exposition::new(shared.clone())));
 
     // Listeners: taken over from the instance serving on this node (an upgrade), or bound here.
     // Everything is bound before anything is served, so a bad address fails start-up whole.
@@ -150,12 +163,10 @@ pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<()> {
         shared: shared.clone(),
         registry,
         readiness: Readiness::default(),
+        log,
     });
-    let admin_addrs: BTreeSet<SocketAddr> = [config.health, config.ready, config.metrics]
-        .into_iter()
-        .flatten()
-        .collect();
-    let dns_addrs = listen_addrs(&config);
+    let cli_mode = args.config.conf.is_none() && args.config.basecorefile.is_none();
+    let admin_addrs = admin::addresses(&config, cli_mode);
     let (mut listeners, opened) = Listeners::open(&dns_addrs, &admin_addrs, threads, inherited)?;
     let mut generation = Some(Generation::spawn(
         &listeners,
@@ -335,7 +346,12 @@ fn reload(
     for change in current.config.restart_needed(&config) {
         tracing::warn!(%change, "this change takes effect only after a restart");
     }
-    match build_snapshot(Arc::new(config), Some(&current), upstream_metrics) {
+    match build_snapshot(
+        Arc::new(config),
+        Some(&current),
+        upstream_metrics,
+        &shared.metrics,
+    ) {
         Ok(snapshot) => {
             shared.snapshot.store(Arc::new(snapshot));
             tracing::info!("configuration reloaded");

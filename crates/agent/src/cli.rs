@@ -1,12 +1,12 @@
-//! The command line: `nodedns run` (the agent), and node-cache's flat command line, which
-//! [`parse`] turns into `run`.
+//! The command line: `nodedns run` (the agent), `nodedns top` (a live view of a running agent's
+//! metrics), and node-cache's flat command line, which [`parse`] turns into `run`.
 
 use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{config, host};
+use crate::{config, host, logging, top};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -23,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the agent in the foreground.
     Run(Box<RunArgs>),
+    /// Show a running agent's traffic, refreshing in the terminal (reads its /metrics).
+    Top(top::Args),
 }
 
 #[derive(Debug, Args)]
@@ -70,15 +72,45 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "NODEDNS_LOG_FORMAT")]
     pub log_format: LogFormat,
 
-    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `nodedns=debug`).
+    /// Log filter (tracing `EnvFilter` syntax, e.g. `info` or `nodedns=debug`). Changeable while
+    /// running: `PUT /log-level` on the admin port, SIGUSR1 (debug), SIGUSR2 (back to this).
     #[arg(long, default_value = "info", env = "NODEDNS_LOG")]
     pub log_level: String,
+
+    /// Log the queries of every server block, as if each had the `log` directive.
+    #[arg(long)]
+    pub query_log: bool,
+
+    /// Share of the queries of logged blocks that is written, in (0, 1]: 0.01 logs one in 100.
+    #[arg(long, default_value_t = 1.0, value_name = "FRACTION", value_parser = sample_rate)]
+    pub query_log_sample: f64,
+
+    /// Do not count on the request path (the metrics endpoint stays, with request counts at
+    /// zero). For measuring what counting costs.
+    #[arg(long)]
+    pub no_metrics: bool,
+}
+
+fn sample_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a fraction in (0, 1]")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
+}
+
+impl From<LogFormat> for logging::Format {
+    fn from(format: LogFormat) -> Self {
+        match format {
+            LogFormat::Text => logging::Format::Text,
+            LogFormat::Json => logging::Format::Json,
+        }
+    }
 }
 
 /// Parses the command line. node-cache's DaemonSet runs the image with flat Go-style flags

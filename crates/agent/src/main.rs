@@ -6,7 +6,10 @@
 //! - [`host`]: the node's link, addresses and NOTRACK rules (crate `nodedns-hostnet`);
 //! - [`handoff`]: zero-gap upgrades (the listening sockets handed to a new instance);
 //! - [`serve`]: the UDP and TCP listeners and the request pipeline;
-//! - [`admin`]: `/health`, `/ready`, `/metrics`;
+//! - [`admin`]: `/health`, `/ready`, `/metrics`, `/log-level`;
+//! - [`metrics`]: what the request path counts, and the exposition of every metric;
+//! - [`logging`]: text or JSON logs, the runtime filter, rate limits, the query log;
+//! - [`top`]: `nodedns top`, a live view of a running agent's metrics;
 //! - [`app`]: start-up and shutdown order.
 //!
 //! Exit codes: 0 after a clean shutdown, 64 (EX_USAGE) for a bad command line or configuration,
@@ -18,8 +21,10 @@ mod cli;
 mod config;
 mod handoff;
 mod host;
+mod logging;
 mod metrics;
 mod serve;
+mod top;
 
 use std::process::ExitCode;
 
@@ -40,14 +45,18 @@ fn main() -> ExitCode {
     };
     match cli.command {
         cli::Command::Run(args) => run(*args),
+        cli::Command::Top(args) => top::run(&args),
     }
 }
 
 fn run(args: cli::RunArgs) -> ExitCode {
-    if let Err(err) = init_logging(&args) {
-        eprintln!("nodedns: {err}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
+    let log = match logging::init(args.log_format.into(), &args.log_level) {
+        Ok(log) => log,
+        Err(err) => {
+            eprintln!("nodedns: --log-level: {err}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let config = match config::load(&args.config) {
         Ok(config) => config,
         Err(err) => {
@@ -73,24 +82,11 @@ fn run(args: cli::RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(app::run(args, config)) {
+    match runtime.block_on(app::run(args, config, log)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_logging(args: &cli::RunArgs) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .map_err(|err| format!("invalid --log-level {:?}: {err}", args.log_level))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match args.log_format {
-        cli::LogFormat::Text => builder.init(),
-        cli::LogFormat::Json => builder.json().init(),
-    }
-    Ok(())
 }

@@ -7,14 +7,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nodedns_cache::{Joined, Lookup, Stored};
 use nodedns_wire::{Key, ParseError, Query, Reply, TtlRule, rcode};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use super::{Shared, Snapshot, Zone};
-use crate::metrics::{Counters, Proto, Source};
+use crate::metrics::{Counters, Labels, Proto, Source};
 
 /// What the synchronous front decided for one packet.
 #[derive(Debug)]
@@ -35,6 +35,8 @@ pub enum Front {
 pub struct Miss {
     pub zone: Arc<Zone>,
     pub key: Key,
+    /// The query's metric labels, for the answer's count.
+    pub labels: Labels,
 }
 
 /// Where the answer to a waiting query goes.
@@ -62,6 +64,8 @@ pub struct Waiter {
     pub reply_to: ReplyTo,
     pub proto: Proto,
     pub started: Instant,
+    /// Its metric labels (from [`Miss::labels`]).
+    pub labels: Labels,
 }
 
 impl Waiter {
@@ -72,6 +76,7 @@ impl Waiter {
             reply_to: ReplyTo::Nobody,
             proto: Proto::Udp,
             started: Instant::now(),
+            labels: Labels::default(),
         }
     }
 }
@@ -104,20 +109,33 @@ pub fn answer(
     };
     let Some((zone, route)) = snap.route(key.qname(), local) else {
         nodedns_wire::write_error(&query, rcode::REFUSED.into(), out);
-        counters.answered(None, proto, &query, Source::Refused, out, 0.0);
+        counters.answered(
+            counters.dropped(),
+            proto,
+            &query,
+            Source::Refused,
+            out,
+            Duration::ZERO,
+        );
         return Front::Answered;
     };
+    let labels = counters.labels(
+        zone.label + route.zone,
+        zone.cache.is_some(),
+        zone.server.log,
+    );
     // Outside the block's `forward` (no forward, not under FROM, or an `except` name): nothing
     // in nodedns answers it.
     if !route.forward || zone.group.is_none() {
         nodedns_wire::write_error(&query, rcode::REFUSED.into(), out);
-        counters.answered(Some(zone.label), proto, &query, Source::Refused, out, 0.0);
+        counters.answered(labels, proto, &query, Source::Refused, out, Duration::ZERO);
         return Front::Answered;
     }
     let Some(cache) = &zone.cache else {
         return Front::Miss(Miss {
             zone: zone.clone(),
             key,
+            labels,
         });
     };
     match cache.lookup(key.as_bytes(), now) {
@@ -127,13 +145,14 @@ pub fn answer(
             prefetch,
         } => {
             entry.reply().write_answer(&query, ttl, limit, out);
-            let source = Source::Cache(entry.class());
-            counters.answered(Some(zone.label), proto, &query, source, out, 0.0);
+            let source = Source::Hit(entry.class());
+            counters.answered(labels, proto, &query, source, out, Duration::ZERO);
             if prefetch {
-                counters.prefetch(zone.label);
+                counters.prefetch(labels);
                 return Front::AnsweredRefresh(Miss {
                     zone: zone.clone(),
                     key,
+                    labels,
                 });
             }
             Front::Answered
@@ -142,16 +161,19 @@ pub fn answer(
         // make the client wait for a fetch that will fail; refresh in the background.
         Lookup::Stale { entry, ttl } if zone.group.as_ref().is_some_and(|g| !g.healthy()) => {
             entry.reply().write_answer(&query, ttl, limit, out);
-            counters.answered(Some(zone.label), proto, &query, Source::Stale, out, 0.0);
+            let source = Source::StaleHit(entry.class());
+            counters.answered(labels, proto, &query, source, out, Duration::ZERO);
             Front::AnsweredRefresh(Miss {
                 zone: zone.clone(),
                 key,
+                labels,
             })
         }
         // Otherwise try upstream first; `resolve` falls back to the stale entry if it fails.
         Lookup::Stale { .. } | Lookup::Miss => Front::Miss(Miss {
             zone: zone.clone(),
             key,
+            labels,
         }),
     }
 }
@@ -178,19 +200,19 @@ enum Outcome {
 /// answers every waiter.
 pub async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter) {
     let _in_flight = shared.track();
-    let Miss { zone, key } = miss;
+    let Miss { zone, key, .. } = miss;
     match zone.flights.join(key.as_bytes(), waiter) {
         Joined::Leader => {}
         Joined::Follower => return,
         Joined::Full(waiter) => {
             shared.metrics.counters().flight_full();
-            answer_waiter(&shared, &zone, waiter, &Outcome::Failed);
+            answer_waiter(&shared, waiter, &Outcome::Failed);
             return;
         }
     }
     let outcome = fetch(&shared, &zone, &key).await;
     for waiter in zone.flights.complete(key.as_bytes()) {
-        answer_waiter(&shared, &zone, waiter, &outcome);
+        answer_waiter(&shared, waiter, &outcome);
     }
 }
 
@@ -208,7 +230,13 @@ async fn fetch(shared: &Shared, zone: &Zone, key: &Key) -> Outcome {
             tracing::debug!(%err, "upstream reply unusable");
         }),
         Err(err) => {
-            shared.metrics.upstream_failed(zone.label, &err);
+            shared.metrics.upstream_failed(
+                zone.label,
+                zone.server.errors,
+                key.qname(),
+                key.qtype(),
+                &err,
+            );
             Err(())
         }
     };
@@ -219,31 +247,26 @@ async fn fetch(shared: &Shared, zone: &Zone, key: &Key) -> Outcome {
     match reply {
         Ok(reply) => match cache.store(key.as_bytes(), reply, now) {
             Stored::Entry(entry) => {
-                let (class, ttl) = (
-                    entry.class(),
-                    TtlRule {
-                        age: 0,
-                        cap: entry.ttl(),
-                    },
-                );
-                Outcome::Entry(entry, ttl, Source::Upstream(Some(class)))
+                let ttl = TtlRule {
+                    age: 0,
+                    cap: entry.ttl(),
+                };
+                Outcome::Entry(entry, ttl, Source::Upstream)
             }
             Stored::NotCacheable(reply) => Outcome::Reply(reply),
         },
         // The upstream failed: an expired entry still inside the stale window is better than
         // SERVFAIL (RFC 8767 §4).
         Err(()) => match cache.lookup(key.as_bytes(), now) {
-            Lookup::Stale { entry, ttl } => Outcome::Entry(entry, ttl, Source::Stale),
-            Lookup::Fresh { entry, ttl, .. } => {
-                let class = entry.class();
-                Outcome::Entry(entry, ttl, Source::Cache(class))
-            }
+            Lookup::Stale { entry, ttl } => Outcome::Entry(entry, ttl, Source::StaleAfterMiss),
+            // Refreshed by another fetch meanwhile.
+            Lookup::Fresh { entry, ttl, .. } => Outcome::Entry(entry, ttl, Source::Upstream),
             Lookup::Miss => Outcome::Failed,
         },
     }
 }
 
-fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome) {
+fn answer_waiter(shared: &Shared, waiter: Waiter, outcome: &Outcome) {
     if matches!(waiter.reply_to, ReplyTo::Nobody) {
         return;
     }
@@ -270,22 +293,19 @@ fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome
                 limit,
                 &mut out,
             );
-            Source::Upstream(None)
+            Source::Upstream
         }
         Outcome::Failed => {
             nodedns_wire::write_error(&query, rcode::SERVFAIL.into(), &mut out);
             Source::ServFail
         }
     };
-    let elapsed = waiter.started.elapsed().as_secs_f64();
-    shared.metrics.counters().answered(
-        Some(zone.label),
-        waiter.proto,
-        &query,
-        source,
-        &out,
-        elapsed,
-    );
+    let elapsed = waiter.started.elapsed();
+    let labels = waiter.labels;
+    shared
+        .metrics
+        .shared(labels)
+        .answered(labels, waiter.proto, &query, source, &out, elapsed);
     send(shared, waiter.reply_to, out);
 }
 

@@ -189,7 +189,7 @@ async fn serve_connection(
         let _ = writer.shutdown().await;
     });
 
-    let counters = shared.metrics.counters();
+    let counters = shared.metrics.listener(local);
     let mut query = Vec::with_capacity(512);
     loop {
         // One permit per query in flight: when the client has too many queries pending, stop
@@ -228,6 +228,7 @@ async fn serve_connection(
                     reply_to: ReplyTo::Tcp(tx.clone(), permit),
                     proto: Proto::Tcp,
                     started: now,
+                    labels: miss.labels,
                 };
                 tokio::spawn(pipeline::resolve(shared.clone(), miss, waiter));
             }

@@ -90,7 +90,7 @@ pub fn run(
     runtime: tokio::runtime::Handle,
     stop: Arc<AtomicBool>,
 ) {
-    let counters = shared.metrics.worker();
+    let counters = shared.metrics.worker(local);
     let mut worker = Worker::new();
     while !shared.stopping() && !stop.load(Ordering::Relaxed) {
         match worker.serve_batch(&shared, &counters, &socket, local, &runtime) {
@@ -213,6 +213,7 @@ impl Worker {
                         },
                         proto: Proto::Udp,
                         started: now,
+                        labels: miss.labels,
                     };
                     runtime.spawn(pipeline::resolve(shared.clone(), miss, waiter));
                 }
