@@ -54,9 +54,10 @@ impl admin::Source for State {
     }
 }
 
-/// Builds the data-path snapshot for `config`. Blocks whose cache policy and zones are unchanged
-/// from `previous` keep their cache (and its in-flight fetches); unchanged upstreams keep their
-/// pools. Each block's metric label slots come from `metrics`.
+/// Builds the data-path snapshot for `config`. Blocks whose zones, cache policy and `forward` are
+/// unchanged from `previous` keep their cache (and its in-flight fetches); a block whose
+/// upstreams changed starts with an empty one, so it never answers from what the old upstreams
+/// said. Unchanged upstreams keep their pools. Each block's metric label slots come from `metrics`.
 pub fn build_snapshot(
     config: Arc<Config>,
     previous: Option<&Snapshot>,
@@ -70,7 +71,9 @@ pub fn build_snapshot(
         let old = previous.and_then(|p| p.zones.iter().find(same));
         let (cache, flights) = match (old, &server.cache) {
             (Some(old), Some(policy))
-                if old.server.cache.as_ref() == Some(policy) && old.cache.is_some() =>
+                if old.server.cache.as_ref() == Some(policy)
+                    && old.server.forward == server.forward
+                    && old.cache.is_some() =>
             {
                 (old.cache.clone(), old.flights.clone())
             }
@@ -209,6 +212,20 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
         });
     }
 
+    // The `loop` directive: probe each zone once for a forwarding loop. The task ends only with
+    // a verdict; a loop stops the agent (serve::loopcheck).
+    let mut loop_check = {
+        let shared = shared.clone();
+        let targets = serve::loopcheck::targets(&shared.snapshot.load());
+        tokio::spawn(async move {
+            match serve::loopcheck::check(&shared.loops, targets).await {
+                Some(found) => found,
+                None => std::future::pending().await,
+            }
+        })
+    };
+    let mut looped = None;
+
     // Reload: file changes and SIGHUP both lead here.
     let (reload_tx, mut reload_rx) = mpsc::channel::<()>(1);
     tokio::spawn(config::watch(args.config.clone(), reload_tx.clone()));
@@ -216,9 +233,10 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
         let shared = shared.clone();
         let args_config = args.config.clone();
         let upstream_metrics = upstream_metrics.clone();
+        let host_metrics = host_metrics.clone();
         tokio::spawn(async move {
             while reload_rx.recv().await.is_some() {
-                reload(&shared, &args_config, &upstream_metrics);
+                reload(&shared, &args_config, &upstream_metrics, &host_metrics);
             }
         });
     }
@@ -230,6 +248,18 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
     loop {
         let event = tokio::select! {
             _ = &mut signals => break,
+            found = &mut loop_check, if looped.is_none() => match found {
+                Ok(found) => {
+                    tracing::error!("{found}");
+                    looped = Some(Ok(found));
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "the loop check failed");
+                    looped = Some(Err(()));
+                    continue;
+                }
+            },
             event = handoff.next() => event,
         };
         match event {
@@ -319,22 +349,35 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
         }
     }
     handoff.close();
+    loop_check.abort();
     tracing::info!("stopped");
-    Ok(())
+    match looped {
+        Some(Ok(found)) => Err(anyhow::anyhow!(
+            "exiting: forwarding loop in zone `{}` (see above)",
+            found.zone
+        )),
+        Some(Err(())) | None => Ok(()),
+    }
 }
 
 /// Loads the configuration again and, if it is valid, publishes it. A bad configuration keeps
-/// the running one.
+/// the running one and is counted twice, as node-cache counts it: `coredns_reload_failed_total`
+/// and the `configmap` setup error.
 fn reload(
     shared: &Shared,
     args: &config::ConfigArgs,
     upstream_metrics: &nodedns_upstream::Metrics,
+    host_metrics: &nodedns_hostnet::Metrics,
 ) {
+    let failed = || {
+        shared.metrics.reload_failed();
+        host_metrics.setup_error(nodedns_hostnet::ErrorKind::Configmap);
+    };
     let current = shared.snapshot.load_full();
     let config = match config::load(args) {
         Ok(config) => config,
         Err(err) => {
-            shared.metrics.reload_failed();
+            failed();
             tracing::error!(%err, "reload failed; keeping the running configuration");
             return;
         }
@@ -357,7 +400,7 @@ fn reload(
             tracing::info!("configuration reloaded");
         }
         Err(err) => {
-            shared.metrics.reload_failed();
+            failed();
             tracing::error!(err = %format!("{err:#}"), "reload failed; keeping the running configuration");
         }
     }

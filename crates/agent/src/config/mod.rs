@@ -34,7 +34,7 @@ use std::time::Duration;
 pub use args::{ConfigArgs, normalize_args};
 pub use kubedns::KubeDns;
 pub use route::{Route, Router};
-pub(crate) use values::go_duration;
+pub(crate) use values::{go_duration, wire};
 pub use watch::watch;
 
 use directives::Placed;

@@ -6,10 +6,12 @@
 //! - [`tcp`]: tokio tasks, one per client connection, pipelined.
 //! - [`pipeline`]: what both share: parse, route, cache lookup, and for misses the async path
 //!   (single-flight, upstream, insert, answer every waiter).
+//! - [`loopcheck`]: the start-up forwarding-loop check (the `loop` directive).
 //!
 //! Data-path code reads one immutable [`Snapshot`] per batch (arc-swap); reload publishes a new
 //! one and never blocks a reader.
 
+pub mod loopcheck;
 pub mod pipeline;
 pub mod tcp;
 pub mod udp;
@@ -67,6 +69,8 @@ impl Snapshot {
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
+    /// The start-up forwarding-loop check; the miss path reports probe names to it.
+    pub loops: loopcheck::Detector,
     /// Set when shutdown begins: listeners stop reading new queries.
     stopping: AtomicBool,
     /// Misses being resolved, so shutdown can wait for their answers.
@@ -79,6 +83,7 @@ impl Shared {
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
+            loops: loopcheck::Detector::default(),
             stopping: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),

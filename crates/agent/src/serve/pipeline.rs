@@ -201,6 +201,9 @@ enum Outcome {
 pub async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter) {
     let _in_flight = shared.track();
     let Miss { zone, key, .. } = miss;
+    if shared.loops.armed() {
+        shared.loops.arrived(&key, &waiter);
+    }
     match zone.flights.join(key.as_bytes(), waiter) {
         Joined::Leader => {}
         Joined::Follower => return,
