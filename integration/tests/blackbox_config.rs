@@ -1,0 +1,199 @@
+//! The configuration, seen from outside: nodedns run with the stock node-local-dns Corefile and
+//! DaemonSet arguments routes every zone to the upstream the file names, over the transport it
+//! names; a kube-dns stub domain goes to its own server; the `loop` directive finds a forwarding
+//! loop at start and stops the agent with what to fix, and finds none where there is none.
+//!
+//! Upstream query counts (Knot's `mod-stats`, by query type) prove where a query went.
+
+mod stock_node;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::time::Duration;
+
+use hickory_proto::rr::{RData, RecordType};
+use nodedns_integration::{Agent, Process, TempDir, free_port, have, nodedns_bin};
+use stock_node::{
+    FROM_NODE_RESOLVER, HEALTH, KUBE_DNS, LOCAL, StockNode, a_answer, queries, udp_queries,
+};
+
+#[test]
+fn stock_corefile_routes_each_zone_to_its_upstream() {
+    if let Some(why) = stock_node::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut node = StockNode::start(&stock_node::stock_corefile()).expect("node starts");
+    let (local, kube_dns) = (IpAddr::V4(LOCAL), IpAddr::V4(KUBE_DNS));
+
+    // cluster.local → the cluster DNS (kube-dns-upstream), over TCP (`force_tcp`).
+    let cluster_before = queries(&node.cluster, "A");
+    let resolver_before = queries(&node.resolver, "A");
+    let reply = node.ask(
+        local,
+        "kubernetes.default.svc.cluster.local.",
+        RecordType::A,
+    );
+    assert_eq!(a_answer(&reply), Ok(vec![Ipv4Addr::new(10, 96, 0, 1)]));
+    assert_eq!(queries(&node.cluster, "A"), cluster_before + 1);
+    // Also served on the kube-dns ClusterIP (bound through -localip), from the same cache.
+    let reply = node.ask(
+        kube_dns,
+        "kubernetes.default.svc.cluster.local.",
+        RecordType::A,
+    );
+    assert_eq!(a_answer(&reply), Ok(vec![Ipv4Addr::new(10, 96, 0, 1)]));
+    assert_eq!(
+        queries(&node.cluster, "A"),
+        cluster_before + 1,
+        "a hit, whichever local address"
+    );
+
+    // in-addr.arpa → the cluster DNS as well.
+    let ptr_before = queries(&node.cluster, "PTR");
+    let reply = node
+        .ask(local, "10.0.96.10.in-addr.arpa.", RecordType::PTR)
+        .expect("PTR answer");
+    let targets: Vec<String> = reply
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::PTR(ptr) => Some(ptr.0.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(targets, ["kube-dns.kube-system.svc.cluster.local."]);
+    assert_eq!(queries(&node.cluster, "PTR"), ptr_before + 1);
+
+    // `.` → the node's resolver (__PILLAR__UPSTREAM__SERVERS__: its resolv.conf), over UDP.
+    let resolver_udp = udp_queries(&node.resolver);
+    let reply = node.ask(local, "www.example.", RecordType::A);
+    assert_eq!(a_answer(&reply), Ok(vec![FROM_NODE_RESOLVER]));
+    assert_eq!(queries(&node.resolver, "A"), resolver_before + 1);
+    assert!(
+        udp_queries(&node.resolver) > resolver_udp,
+        "a plain forward prefers UDP"
+    );
+    assert_eq!(
+        queries(&node.cluster, "A"),
+        cluster_before + 1,
+        "not the cluster DNS"
+    );
+
+    // The kube-dns stub domain → its own server.
+    let stub_before = queries(&node.stub, "A");
+    let reply = node.ask(kube_dns, "www.acme.local.", RecordType::A);
+    assert_eq!(a_answer(&reply), Ok(vec![Ipv4Addr::new(192, 0, 2, 53)]));
+    assert_eq!(queries(&node.stub, "A"), stub_before + 1);
+    assert_eq!(queries(&node.resolver, "A"), resolver_before + 1);
+
+    // Everything the cluster DNS received came over TCP: queries, health checks, loop probes.
+    assert_eq!(
+        udp_queries(&node.cluster),
+        node.cluster_udp_before,
+        "force_tcp"
+    );
+
+    // node-cache's rendered Corefile, where -conf says.
+    let rendered = std::fs::read_to_string(&node.rendered).expect("rendered Corefile written");
+    assert!(
+        rendered.contains("forward . 10.96.0.11 {"),
+        "__PILLAR__CLUSTER__DNS__ from KUBE_DNS_UPSTREAM_SERVICE_HOST:\n{rendered}"
+    );
+    assert!(!rendered.contains("__PILLAR__"), "{rendered}");
+
+    // The stock `health` and `prometheus` addresses serve.
+    node.http_get(HEALTH, "/health").expect("health endpoint");
+    assert_eq!(
+        node.metric("coredns_reload_failed_total").unwrap(),
+        Some(0.0)
+    );
+
+    // Every block has `loop`: each is probed, none loops, and the agent stays.
+    assert!(
+        node.wait_output("loop check: no forwarding loop", Duration::from_secs(40)),
+        "the loop check did not finish"
+    );
+    assert!(node.alive(), "{}", node.output());
+    assert!(!node.output().contains("forwarding loop detected"));
+}
+
+/// The Corefile of an agent on 127.0.0.1:`port` that checks for loops and forwards `.` to
+/// `upstream`.
+fn looping_corefile(dir: &TempDir, port: u16, upstream: SocketAddr) -> std::path::PathBuf {
+    let path = dir.path().join("Corefile");
+    let text = format!(".:{port} {{\n    bind 127.0.0.1\n    loop\n    forward . {upstream}\n}}\n");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Starts the agent of [`looping_corefile`] and returns its output once it exited (at most
+/// 40 s: the check retries for up to 30 s), asserting that it served first and then exited with
+/// status 1 and the verdict.
+fn assert_loop_stops_the_agent(dir: &TempDir, port: u16, forwarder: SocketAddr) {
+    let corefile = looping_corefile(dir, port, forwarder);
+    let resolv_conf = dir.path().join("resolv.conf");
+    std::fs::write(&resolv_conf, "nameserver 192.0.2.53\n").unwrap();
+    let mut command = Command::new(nodedns_bin());
+    command
+        .arg("run")
+        .arg("--conf")
+        .arg(&corefile)
+        .arg("--resolv-conf")
+        .arg(&resolv_conf)
+        .arg("--no-setup")
+        .env_remove("NODEDNS_HANDOFF_DIR");
+    let mut agent = Process::spawn("nodedns", command).expect("spawn nodedns");
+    let status = agent
+        .wait_timeout(Duration::from_secs(40))
+        .unwrap_or_else(|| panic!("still running with a loop:\n{}", agent.output()));
+    let output = agent.output();
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert!(output.contains("serving DNS"), "{output}");
+    let verdict = format!(
+        "forwarding loop detected: zone `.` forwards to {forwarder}, which forwards back to nodedns"
+    );
+    assert!(output.contains(&verdict), "{output}");
+    assert!(output.contains("Fix the upstream"), "{output}");
+}
+
+#[test]
+fn a_loop_through_another_nodedns_stops_the_agent_with_what_to_fix() {
+    // The other agent forwards everything back to this one's port; it merges identical queries
+    // in flight, so the probe returns a second time only when the check sends it again.
+    let dir = TempDir::new("nodedns-loop").unwrap();
+    let port = free_port().unwrap();
+    let back = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let forwarder = Agent::start(&[back]).expect("forwarder starts");
+    assert_loop_stops_the_agent(&dir, port, forwarder.addr());
+}
+
+#[test]
+fn a_loop_through_dnsmasq_stops_the_agent_with_what_to_fix() {
+    if !have("dnsmasq") {
+        eprintln!("skipped: dnsmasq not installed (Debian package `dnsmasq-base`)");
+        return;
+    }
+    let dir = TempDir::new("nodedns-loop").unwrap();
+    let port = free_port().unwrap();
+    let forwarder_port = free_port().unwrap();
+    let mut command = Command::new("dnsmasq");
+    command.args([
+        "--keep-in-foreground",
+        "--no-daemon",
+        "--no-resolv",
+        "--no-hosts",
+        "--bind-interfaces",
+        "--listen-address=127.0.0.1",
+        "--user=root",
+        "--pid-file=",
+        &format!("--port={forwarder_port}"),
+        &format!("--server=127.0.0.1#{port}"),
+    ]);
+    let _dnsmasq = Process::spawn("dnsmasq", command).expect("spawn dnsmasq");
+    assert_loop_stops_the_agent(
+        &dir,
+        port,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, forwarder_port)),
+    );
+}
