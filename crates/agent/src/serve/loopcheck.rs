@@ -248,8 +248,8 @@ pub fn targets(snap: &Snapshot) -> Vec<Target> {
                 .server
                 .listen
                 .first()
-                .and_then(|local| snap.router.route(&crate::config::wire(name), *local));
-            if routed.is_some_and(|r| r.forward && Arc::ptr_eq(&snap.zones[r.server], zone)) {
+                .and_then(|local| snap.route(&crate::config::wire(name), *local));
+            if routed.is_some_and(|(to, route)| route.forward && Arc::ptr_eq(to, zone)) {
                 out.push(Target {
                     zone: name.clone(),
                     group: group.clone(),
@@ -488,6 +488,58 @@ mod tests {
         assert_eq!(labels.len(), 4, "<a>.<b>.cluster.local.");
         assert!(labels[..2].iter().all(|l| l.iter().all(u8::is_ascii_digit)));
         assert!(questions.try_recv().is_err(), "answered once: sent once");
+    }
+
+    fn server(zones: &[&str], except: &[&str], loop_check: bool) -> crate::config::Server {
+        crate::config::Server {
+            zones: zones.iter().map(|z| (*z).to_owned()).collect(),
+            listen: vec!["127.0.0.1:53".parse().unwrap()],
+            cache: None,
+            forward: Some(crate::config::Forward {
+                from: ".".to_owned(),
+                except: except.iter().map(|z| (*z).to_owned()).collect(),
+                upstream: nodedns_upstream::Config {
+                    addrs: vec!["192.0.2.53:53".parse().unwrap()],
+                    max_fails: 0,
+                    ..Default::default()
+                },
+            }),
+            log: false,
+            errors: false,
+            loop_check,
+        }
+    }
+
+    #[tokio::test]
+    async fn only_zones_a_block_with_loop_forwards_are_probed() {
+        let config = crate::config::Config {
+            servers: vec![
+                server(
+                    &["example.", "internal.example."],
+                    &["internal.example."],
+                    true,
+                ),
+                server(&["cluster.local."], &[], false),
+                server(&["."], &[], true),
+            ],
+            local_ips: Vec::new(),
+            health: None,
+            lameduck: None,
+            ready: None,
+            metrics: None,
+            reload: None,
+            warnings: Vec::new(),
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let upstream_metrics = nodedns_upstream::Metrics::register(&mut registry);
+        let metrics = crate::metrics::Metrics::new(
+            &["127.0.0.1:53".parse().unwrap()],
+            crate::metrics::Options::default(),
+        );
+        let snap = crate::app::build_snapshot(Arc::new(config), None, &upstream_metrics, &metrics)
+            .unwrap();
+        let zones: Vec<String> = targets(&snap).into_iter().map(|t| t.zone).collect();
+        assert_eq!(zones, ["example.", "."]);
     }
 
     #[tokio::test]
