@@ -130,7 +130,9 @@ struct Worker {
 /// `into_iter().map(..)` in place, keeping the capacity.
 fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
-    v.into_iter().map(|_| unreachable!("the vector was cleared")).collect()
+    v.into_iter()
+        .map(|_| unreachable!("the vector was cleared"))
+        .collect()
 }
 
 impl Worker {
@@ -161,8 +163,11 @@ impl Worker {
         // nix ties the I/O vectors' borrow to the results', so they cannot be recycled like the
         // send side's: a stack array, of which only the first `want` are handed to the kernel.
         let mut bufs = self.inbuf.iter_mut();
-        let mut iovs: [[IoSliceMut<'_>; 1]; BATCH] =
-            std::array::from_fn(|_| [IoSliceMut::new(bufs.next().map_or(&mut [][..], |b| &mut b[..]))]);
+        let mut iovs: [[IoSliceMut<'_>; 1]; BATCH] = std::array::from_fn(|_| {
+            [IoSliceMut::new(
+                bufs.next().map_or(&mut [][..], |b| &mut b[..]),
+            )]
+        });
         let outcome = match recvmmsg(
             fd,
             &mut self.recv_headers,
@@ -173,7 +178,11 @@ impl Worker {
             Ok(results) => {
                 for msg in results {
                     // A datagram longer than the buffer was cut by the kernel: parse nothing.
-                    let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) { 0 } else { msg.bytes };
+                    let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                        0
+                    } else {
+                        msg.bytes
+                    };
                     self.received.push((len, msg.address));
                 }
                 Ok(())
@@ -234,9 +243,14 @@ impl Worker {
             return;
         }
         self.peers.clear();
-        self.peers.extend(self.answers.iter().map(|&slot| self.received[slot].1));
+        self.peers
+            .extend(self.answers.iter().map(|&slot| self.received[slot].1));
         let mut iovs = recycle(std::mem::take(&mut self.send_iovs));
-        iovs.extend(self.answers.iter().map(|&slot| [IoSlice::new(&self.outbuf[slot])]));
+        iovs.extend(
+            self.answers
+                .iter()
+                .map(|&slot| [IoSlice::new(&self.outbuf[slot])]),
+        );
         let mut done = 0;
         while done < iovs.len() {
             match sendmmsg(
