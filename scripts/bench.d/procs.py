@@ -187,6 +187,12 @@ def machine_cpu():
     return (sum(v) - v[3] - v[4] - steal) / TICK, steal / TICK
 
 
+def loadavg():
+    """The machine's 1-minute load average (how many others wanted the CPUs)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
 def udp_rcvbuf_errors():
     with open("/proc/net/snmp") as f:
         rows = [line.split() for line in f if line.startswith("Udp:")]
