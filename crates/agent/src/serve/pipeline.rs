@@ -1,12 +1,14 @@
 //! The request pipeline shared by the UDP and TCP listeners.
 //!
 //! [`answer`] is the synchronous front: parse, route, look the cache up, and either write the
-//! answer (a hit, or a refusal) or say that the query must go upstream. [`resolve`] is the async
-//! back: single-flight, the upstream exchange, caching the reply, and answering every client that
-//! waited for it. A cache hit never reaches [`resolve`] and never touches the async runtime.
+//! answer (a hit, or a refusal) or say that the query must go upstream. [`spawn`] hands a miss to
+//! the async back (`resolve`): single-flight, the upstream exchange, caching the reply, and
+//! answering every client that waited for it; at most [`MAX_PENDING`] at once. A cache hit never
+//! reaches it and never touches the async runtime.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nodedns_cache::{Joined, Lookup, Stored};
@@ -196,9 +198,41 @@ enum Outcome {
     Failed,
 }
 
+/// Misses handed to the async runtime and not answered yet, at most (process-wide). Beyond it a
+/// miss is answered SERVFAIL at once by the listener that read it: a flood of unique names must
+/// find this bound, not grow the runtime's queue of tasks (and the memory) without end. Well
+/// above what the upstreams take at once (`max_concurrent`, 1000 per block by default) plus the
+/// clients waiting on those fetches, so only a flood reaches it.
+pub const MAX_PENDING: usize = 4096;
+
+/// Misses spawned and not finished. A process-wide count: there is one agent per process.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// One pending miss (see [`MAX_PENDING`]); counted down on drop.
+struct Pending;
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        PENDING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Hands a miss to `runtime` ([`resolve`]), unless [`MAX_PENDING`] misses are pending already:
+/// then the waiter gets SERVFAIL now (counted as a SERVFAIL answer), and a background refresh
+/// is skipped.
+pub fn spawn(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, miss: Miss, waiter: Waiter) {
+    if PENDING.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
+        PENDING.fetch_sub(1, Ordering::AcqRel);
+        answer_waiter(shared, waiter, &Outcome::Failed);
+        return;
+    }
+    let pending = Pending;
+    runtime.spawn(resolve(shared.clone(), miss, waiter, pending));
+}
+
 /// Resolves a miss: joins (or leads) the fetch for its key, and when the leader's fetch ends,
 /// answers every waiter.
-pub async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter) {
+async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _pending: Pending) {
     let _in_flight = shared.track();
     let Miss { zone, key, .. } = miss;
     if shared.loops.armed() {

@@ -190,6 +190,7 @@ async fn serve_connection(
     });
 
     let counters = shared.metrics.listener(local);
+    let runtime = tokio::runtime::Handle::current();
     let mut query = Vec::with_capacity(512);
     loop {
         // One permit per query in flight: when the client has too many queries pending, stop
@@ -212,7 +213,7 @@ async fn serve_connection(
                 drop(permit);
             }
             Front::AnsweredRefresh(miss) => {
-                tokio::spawn(pipeline::resolve(shared.clone(), miss, Waiter::nobody()));
+                pipeline::spawn(&shared, &runtime, miss, Waiter::nobody());
                 if tx.send(out).await.is_err() {
                     break;
                 }
@@ -230,7 +231,7 @@ async fn serve_connection(
                     started: now,
                     labels: miss.labels,
                 };
-                tokio::spawn(pipeline::resolve(shared.clone(), miss, waiter));
+                pipeline::spawn(&shared, &runtime, miss, waiter);
             }
         }
     }

@@ -211,7 +211,7 @@ impl Worker {
                 Front::Dropped => {}
                 Front::AnsweredRefresh(miss) => {
                     self.answers.push(slot);
-                    runtime.spawn(pipeline::resolve(shared.clone(), miss, Waiter::nobody()));
+                    pipeline::spawn(shared, runtime, miss, Waiter::nobody());
                 }
                 Front::Miss(miss) => {
                     let waiter = Waiter {
@@ -224,7 +224,7 @@ impl Worker {
                         started: now,
                         labels: miss.labels,
                     };
-                    runtime.spawn(pipeline::resolve(shared.clone(), miss, waiter));
+                    pipeline::spawn(shared, runtime, miss, waiter);
                 }
             }
         }
