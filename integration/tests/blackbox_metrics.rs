@@ -485,6 +485,14 @@ async fn a_known_sequence_of_queries_gives_exact_coredns_counters() {
     assert!(text.contains(
         "# HELP coredns_dns_requests_total Counter of DNS requests made per zone, protocol and family.\n"
     ));
+    let doubled: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("# HELP") && l.ends_with(".."))
+        .collect();
+    assert!(
+        doubled.is_empty(),
+        "HELP texts end with one period: {doubled:?}"
+    );
 }
 
 /// A zone for reverse lookups beside cluster.local, so two zones of one block get answers.

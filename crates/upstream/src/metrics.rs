@@ -83,8 +83,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them. Counter names are given without `_total`:
-    /// prometheus-client appends it.
+    /// Creates the metrics and registers them. Counter names are given without `_total` and
+    /// HELP texts without their final period: prometheus-client appends both.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics {
             request_duration: Family::new_with_constructor(duration_histogram),
@@ -103,67 +103,67 @@ impl Metrics {
         };
         registry.register(
             "coredns_proxy_request_duration_seconds",
-            "Histogram of the time each request took.",
+            "Histogram of the time each request took",
             m.request_duration.clone(),
         );
         registry.register(
             "coredns_proxy_healthcheck_failures",
-            "Counter of the number of failed healthchecks.",
+            "Counter of the number of failed healthchecks",
             m.healthcheck_failures.clone(),
         );
         registry.register(
             "coredns_proxy_conn_cache_hits",
-            "Counter of connection cache hits per upstream and protocol.",
+            "Counter of connection cache hits per upstream and protocol",
             m.conn_cache_hits.clone(),
         );
         registry.register(
             "coredns_proxy_conn_cache_misses",
-            "Counter of connection cache misses per upstream and protocol.",
+            "Counter of connection cache misses per upstream and protocol",
             m.conn_cache_misses.clone(),
         );
         registry.register(
             "coredns_forward_healthcheck_broken",
-            "Counter of the number of complete failures of the healthchecks.",
+            "Counter of the number of complete failures of the healthchecks",
             m.healthcheck_broken.clone(),
         );
         registry.register(
             "coredns_forward_max_concurrent_rejects",
-            "Counter of the number of queries rejected because the concurrent queries were at maximum.",
+            "Counter of the number of queries rejected because the concurrent queries were at maximum",
             m.max_concurrent_rejects.clone(),
         );
         registry.register(
             "coredns_forward_requests",
-            "Counter of requests made per upstream.",
+            "Counter of requests made per upstream",
             m.requests.clone(),
         );
         registry.register(
             "coredns_forward_responses",
-            "Counter of responses received per upstream.",
+            "Counter of responses received per upstream",
             m.responses.clone(),
         );
         registry.register(
             "nodedns_upstream_connections",
-            "Open TCP connections to the upstream (in use and idle).",
+            "Open TCP connections to the upstream (in use and idle)",
             m.connections.clone(),
         );
         registry.register(
             "nodedns_upstream_in_flight",
-            "Exchanges with the upstream in progress (waiting for a connection included).",
+            "Exchanges with the upstream in progress (waiting for a connection included)",
             m.in_flight.clone(),
         );
         registry.register(
             "nodedns_upstream_connection_resets",
-            "TCP connections closed or reset by the upstream while a query was in flight.",
+            "TCP connections closed or reset by the upstream while a query was in flight",
             m.connection_resets.clone(),
         );
         registry.register(
             "nodedns_upstream_retries",
-            "Exchanges with the upstream that repeat a query after an earlier exchange failed or was truncated.",
+            "Exchanges with the upstream that repeat a query after an earlier exchange failed or was truncated",
             m.retries.clone(),
         );
         registry.register(
             "nodedns_upstream_connects",
-            "TCP connections opened to the upstream by the pool.",
+            "TCP connections opened to the upstream by the pool",
             m.connects.clone(),
         );
         m

@@ -61,8 +61,10 @@ pub struct ConfigArgs {
     pub health: Option<SocketAddr>,
 
     /// Serve /metrics on ADDR:PORT when no `prometheus` directive names one (node-cache
-    /// `-metrics-listen-address`).
-    #[arg(long = "metrics-listen-address", value_name = "ADDR:PORT", value_parser = listen_addr)]
+    /// `-metrics-listen-address`). Default: 0.0.0.0:9253 with a Corefile, 127.0.0.1:9253
+    /// without.
+    #[arg(long = "metrics-listen-address", alias = "metrics", value_name = "ADDR:PORT",
+          value_parser = listen_addr)]
     pub metrics_listen_address: Option<SocketAddr>,
 
     /// Write the process ID here once serving (node-cache/CoreDNS `-pidfile`).
@@ -405,6 +407,11 @@ mod tests {
         let a = parse(&["--localip", "10.0.0.1", "--corefile", "/c"]).unwrap();
         assert_eq!(a.local_ip, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(a.conf, Some(PathBuf::from("/c")));
+        let a = parse(&["--metrics", "127.0.0.1:9353"]).unwrap();
+        assert_eq!(
+            a.metrics_listen_address,
+            Some("127.0.0.1:9353".parse().unwrap())
+        );
     }
 
     #[test]
