@@ -325,8 +325,25 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
             handoff.bye().await;
             false
         }
-        Some(_) => !handoff.give_back(&listeners).await,
+        // A new instance that connected meanwhile gets the sockets (it then serves, and this
+        // one leaves the host to it); otherwise the one this instance took over from, if any.
+        Some(_) => match handoff.try_accept() {
+            Some(link) => match handoff.hand_over(link, &listeners).await {
+                Ok(pid) => {
+                    tracing::info!(pid, "handed the listening sockets over while shutting down");
+                    handoff.bye().await;
+                    false
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "hand-over while shutting down");
+                    !handoff.give_back(&listeners).await
+                }
+            },
+            None => !handoff.give_back(&listeners).await,
+        },
     };
+    // From here on no instance can take over from this one: a new one binds its own sockets.
+    handoff.close();
     if last {
         if let Some(host) = &host {
             host.withdraw().await;
@@ -348,7 +365,6 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
             host.release().await;
         }
     }
-    handoff.close();
     loop_check.abort();
     tracing::info!("stopped");
     match looped {

@@ -221,6 +221,15 @@ impl Handoff {
         }
     }
 
+    /// A new instance that connected and was not yet accepted (shutdown looks once, so that a
+    /// new instance arriving then still gets the sockets).
+    pub fn try_accept(&mut self) -> Option<Link> {
+        let listener = self.listener.as_ref()?;
+        let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
+        let fd = rustix::net::accept_with(listener.fd.get_ref(), flags).ok()?;
+        Link::new(fd).ok()
+    }
+
     /// Hands `listeners` to the new instance on `link`; returns its pid once it serves them.
     /// Then this instance must stop reading (and its host reconcile loop) and idle.
     pub async fn hand_over(&mut self, link: Link, listeners: &Listeners) -> Result<u32, Error> {
@@ -342,7 +351,8 @@ impl Handoff {
         }
     }
 
-    /// Removes the socket file if it is still this instance's.
+    /// Stops listening for new instances, and removes the socket file if it is still this
+    /// instance's (a new instance then finds no file and binds its own sockets).
     pub fn close(&mut self) {
         let (Some(dir), Some(listener)) = (&self.dir, self.listener.take()) else {
             return;

@@ -222,3 +222,39 @@ async fn a_peer_speaking_garbage_fails_the_start_up_not_the_process() {
     assert!(matches!(err, Error::Receive(_)), "{err}");
     talking.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_new_instance_waiting_at_shutdown_is_handed_the_sockets() {
+    let dir = Dir::new();
+    let dns = free_addr();
+    let (mut old, old_listeners) = first(&dir, dns).await;
+    assert!(old.try_accept().is_none(), "nobody waiting");
+    // The new instance connects while the old one is shutting down (not in `next`).
+    let starting = {
+        let path = dir.0.clone();
+        tokio::spawn(async move { Handoff::start(Some(&path)).await })
+    };
+    let link = loop {
+        if let Some(link) = old.try_accept() {
+            break link;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let handing = tokio::spawn(async move {
+        old.hand_over(link, &old_listeners).await.unwrap();
+        old.bye().await;
+        old.close();
+    });
+    let (mut new, inherited) = starting.await.unwrap().unwrap();
+    assert_eq!(inherited.len(), 3);
+    let listeners = open(dns, inherited);
+    new.serving().await.unwrap();
+    handing.await.unwrap();
+    assert!(matches!(new.next().await, Event::PredecessorGone));
+    assert!(
+        !new.give_back(&listeners).await,
+        "the new instance is the last"
+    );
+    // The old one left the new one's socket file alone.
+    assert!(dir.0.join(SOCKET_FILE).exists());
+}
