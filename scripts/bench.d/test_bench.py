@@ -232,7 +232,9 @@ class Smoke(unittest.TestCase):
             self.assertTrue(all(float(x) > 0 for x in miss[2:5]), miss)
             with open(os.path.join(out, "results.jsonl")) as f:
                 recs = [json.loads(line) for line in f]
-            nodedns = {r["phase"]: r for r in recs if r["peer"] == "nodedns"}
+            # A run on a starved machine is measured again; the first one is kept as `_discarded`.
+            nodedns = {r["phase"]: r for r in recs
+                       if r["peer"] == "nodedns" and not r["phase"].endswith("_discarded")}
             self.assertEqual(set(nodedns), {"hit_sat", "hit_lat", "miss_sat", "miss_lat"})
             self.assertEqual(nodedns["hit_sat"]["check_mismatches"], 0)
             # Hits stay in the cache; every unique name goes upstream once, over TCP.
