@@ -90,10 +90,21 @@ impl Shared {
         }
     }
 
-    /// Marks one miss in flight until the guard drops.
-    pub fn track(&self) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(self)
+    /// Marks one miss in flight until the guard drops, unless `limit` misses are in flight
+    /// already: a flood of unique names must not queue unbounded work (and memory) in the
+    /// runtime.
+    pub fn track(self: &Arc<Self>, limit: usize) -> Option<InFlight> {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.release();
+            return None;
+        }
+        Some(InFlight(self.clone()))
+    }
+
+    fn release(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
     }
 
     /// Waits until no miss is in flight, or `limit` passes.
@@ -121,12 +132,10 @@ impl Shared {
 
 /// One miss in flight (see [`Shared::track`]).
 #[derive(Debug)]
-pub struct InFlight<'a>(&'a Shared);
+pub struct InFlight(Arc<Shared>);
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
-        }
+        self.0.release();
     }
 }

@@ -8,14 +8,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nodedns_cache::{Joined, Lookup, Stored};
 use nodedns_wire::{Key, ParseError, Query, Reply, TtlRule, rcode};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
-use super::{Shared, Snapshot, Zone};
+use super::{InFlight, Shared, Snapshot, Zone};
 use crate::metrics::{Counters, Labels, Proto, Source};
 
 /// What the synchronous front decided for one packet.
@@ -205,35 +204,20 @@ enum Outcome {
 /// clients waiting on those fetches, so only a flood reaches it.
 pub const MAX_PENDING: usize = 4096;
 
-/// Misses spawned and not finished. A process-wide count: there is one agent per process.
-static PENDING: AtomicUsize = AtomicUsize::new(0);
-
-/// One pending miss (see [`MAX_PENDING`]); counted down on drop.
-struct Pending;
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        PENDING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Hands a miss to `runtime` ([`resolve`]), unless [`MAX_PENDING`] misses are pending already:
 /// then the waiter gets SERVFAIL now (counted as a SERVFAIL answer), and a background refresh
 /// is skipped.
 pub fn spawn(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, miss: Miss, waiter: Waiter) {
-    if PENDING.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
-        PENDING.fetch_sub(1, Ordering::AcqRel);
+    let Some(in_flight) = shared.track(MAX_PENDING) else {
         answer_waiter(shared, waiter, &Outcome::Failed);
         return;
-    }
-    let pending = Pending;
-    runtime.spawn(resolve(shared.clone(), miss, waiter, pending));
+    };
+    runtime.spawn(resolve(shared.clone(), miss, waiter, in_flight));
 }
 
 /// Resolves a miss: joins (or leads) the fetch for its key, and when the leader's fetch ends,
 /// answers every waiter.
-async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _pending: Pending) {
-    let _in_flight = shared.track();
+async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: InFlight) {
     let Miss { zone, key, .. } = miss;
     if shared.loops.armed() {
         shared.loops.arrived(&key, &waiter);
