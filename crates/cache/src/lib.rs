@@ -6,24 +6,26 @@
 //! fresh, stale-but-servable (RFC 8767) or due for prefetch. It also keeps the single-flight table
 //! that turns many concurrent misses for one key into one upstream query.
 //!
-//! It never opens a socket and never reads a clock: every call that needs the time takes `now`.
-//! (moka's own time-based expiry is not used for that reason; lifetimes are checked against the
-//! caller's `now`, and moka only bounds the size.) It knows nothing of tokio or of clients: the
+//! It never opens a socket and never reads a clock: every call that needs the time takes `now`,
+//! and lifetimes are checked against it on lookup. It knows nothing of tokio or of clients: the
 //! single-flight table is generic over what a waiter is.
 //!
 //! Map:
 //! - [`Policy`]: what is kept and for how long (CoreDNS `cache` defaults), validated at once.
-//! - [`Cache`]: classify and insert, [`Cache::lookup`] at `now` → fresh / stale / miss.
+//! - [`Cache`]: classify and insert, [`Cache::lookup`] at `now` → fresh / stale / miss. Its store
+//!   is the crate's own: shards of a slab indexed by a hash table, evicting by S3-FIFO, so a
+//!   flood of names asked once cannot push out the names asked often.
 //! - [`Entry`]: one stored reply with its class, store time and clamped lifetime.
 //! - [`Flights`]: one upstream fetch per key, however many clients miss at once.
 //!
 //! Invariants:
 //! - A served TTL never exceeds the entry's remaining lifetime (fresh) or the stale TTL (stale):
 //!   [`Lookup`] carries the [`nodedns_wire::TtlRule`] that enforces it.
-//! - A lookup allocates nothing (but for the one that removes an expired entry) and takes no lock
-//!   of this crate's own.
-//! - The sum of entry weights (key + reply heap bytes + [`ENTRY_OVERHEAD`]) stays within
-//!   `Policy::capacity_bytes` once moka's pending maintenance has run.
+//! - A lookup allocates nothing, and holds one shard's lock only for the probe, the hit count and
+//!   an `Arc` clone.
+//! - The sum of entry weights (key + reply heap bytes + [`ENTRY_OVERHEAD`]) is within
+//!   `Policy::capacity_bytes` after every call: each insert evicts until its shard is within its
+//!   share. [`ENTRY_OVERHEAD`] is measured, so the heap the entries really use tracks the capacity.
 
 mod entry;
 mod flight;
