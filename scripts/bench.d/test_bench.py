@@ -95,6 +95,18 @@ class Numbers(unittest.TestCase):
         self.assertEqual(bench.latency_summary(lat, 3), {})
 
 
+class Starved(unittest.TestCase):
+    def test_a_run_is_starved_when_dnsperf_overran_the_machine_flooded_or_the_rate_was_missed(self):
+        ok = {"qps": 9990.0, "sent": 50000, "offered_qps": 10000, "udp_rcvbuf_drops": 300}
+        self.assertEqual(bench.starved(ok), "")
+        self.assertIn("overran", bench.starved(dict(ok, overran=True)))
+        self.assertIn("overran", bench.starved(dict(ok, qps=None)))
+        self.assertIn("UDP drops", bench.starved(dict(ok, udp_rcvbuf_drops=1250000)))
+        self.assertIn("qps sent", bench.starved(dict(ok, qps=4651.8)))
+        # A closed-loop run has no offered rate; a slow server is not a starved machine.
+        self.assertEqual(bench.starved({"qps": 900.0, "sent": 8000, "udp_rcvbuf_drops": 0}), "")
+
+
 class Data(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
