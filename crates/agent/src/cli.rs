@@ -87,7 +87,7 @@ pub struct RunArgs {
 
     /// Do not count on the request path (the metrics endpoint stays, with request counts at
     /// zero). For measuring what counting costs.
-    #[arg(long)]
+    #[arg(long, env = "NODEDNS_NO_METRICS")]
     pub no_metrics: bool,
 }
 
