@@ -82,41 +82,52 @@ impl Router {
     /// The block for `qname` (wire form, already lowercased) arriving at `local`; `None` when no
     /// block listening there serves the name, or the name is malformed.
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<Route> {
-        // Walk the name from its longest suffix (itself) to the root: the first suffix that is a
-        // zone of a block listening on `local` is the longest match.
-        let mut at = 0;
-        loop {
-            let rest = qname.get(at..)?;
-            for (server, block) in self.blocks.iter().enumerate() {
-                let Some(zone) = block.zones.iter().position(|z| **z == *rest) else {
-                    continue;
-                };
-                if !listens(&block.listen, local) {
+        // The longest zone wins. Zone lists are short (node-local-dns has four blocks of one zone
+        // each), so compare each zone with the name's tail, longest candidate first kept, and
+        // walk the labels only to confirm a tail that matched.
+        let mut best: Option<(usize, usize)> = None;
+        let mut best_len = 0;
+        for (server, block) in self.blocks.iter().enumerate() {
+            let mut listening = None;
+            for (zone, z) in block.zones.iter().enumerate() {
+                if (best.is_some() && z.len() <= best_len) || !is_under(qname, z)? {
                     continue;
                 }
-                let forward = match &block.from {
-                    Some(from) => {
-                        suffix_at(qname, from)?
-                            && !block
-                                .except
-                                .iter()
-                                .any(|e| suffix_at(qname, e) == Some(true))
-                    }
-                    None => false,
-                };
-                return Some(Route {
-                    server,
-                    zone,
-                    forward,
-                });
+                if !*listening.get_or_insert_with(|| listens(&block.listen, local)) {
+                    break;
+                }
+                best = Some((server, zone));
+                best_len = z.len();
             }
-            let len = usize::from(*rest.first()?);
-            if len == 0 {
-                return None;
-            }
-            at += 1 + len;
         }
+        let (server, zone) = best?;
+        let block = &self.blocks[server];
+        let forward = match &block.from {
+            Some(from) => {
+                (*from == block.zones[zone] || is_under(qname, from)?)
+                    && !block
+                        .except
+                        .iter()
+                        .any(|e| is_under(qname, e) == Some(true))
+            }
+            None => false,
+        };
+        Some(Route {
+            server,
+            zone,
+            forward,
+        })
     }
+}
+
+/// Whether wire-form `name` is `zone` or below it, cheaply: a zone that is not even a byte
+/// suffix of the name cannot hold it; otherwise the labels are walked to confirm the suffix starts
+/// at one. `None` when `name` is malformed.
+fn is_under(name: &[u8], zone: &[u8]) -> Option<bool> {
+    if !name.ends_with(zone) {
+        return Some(false);
+    }
+    suffix_at(name, zone)
 }
 
 #[cfg(test)]

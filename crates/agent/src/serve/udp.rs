@@ -159,37 +159,11 @@ impl Worker {
         runtime: &tokio::runtime::Handle,
     ) -> Result<(), Errno> {
         let fd = socket.as_raw_fd();
-        self.received.clear();
-        // nix ties the I/O vectors' borrow to the results', so they cannot be recycled like the
-        // send side's: a stack array, of which only the first `want` are handed to the kernel.
-        let mut bufs = self.inbuf.iter_mut();
-        let mut iovs: [[IoSliceMut<'_>; 1]; BATCH] = std::array::from_fn(|_| {
-            [IoSliceMut::new(
-                bufs.next().map_or(&mut [][..], |b| &mut b[..]),
-            )]
-        });
-        let outcome = match recvmmsg(
-            fd,
-            &mut self.recv_headers,
-            iovs[..self.want].iter_mut(),
-            MsgFlags::MSG_WAITFORONE,
-            None,
-        ) {
-            Ok(results) => {
-                for msg in results {
-                    // A datagram longer than the buffer was cut by the kernel: parse nothing.
-                    let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) {
-                        0
-                    } else {
-                        msg.bytes
-                    };
-                    self.received.push((len, msg.address));
-                }
-                Ok(())
-            }
-            Err(err) => Err(err),
-        };
-        outcome?;
+        if self.want <= MIN_WANT {
+            self.receive::<MIN_WANT>(fd)?;
+        } else {
+            self.receive::<BATCH>(fd)?;
+        }
         self.want = (self.received.len() * 2).clamp(MIN_WANT, BATCH);
         let now = Instant::now();
         let snap = shared.snapshot.load();
@@ -229,6 +203,38 @@ impl Worker {
             }
         }
         self.send_answers(fd, counters);
+        Ok(())
+    }
+
+    /// Takes up to `N` datagrams into `received`, blocking until there is one.
+    ///
+    /// nix ties the I/O vectors' borrow to the results', so they cannot be recycled like the send
+    /// side's; they are a stack array of `N`, set up per call, so a lightly loaded worker
+    /// (`N` = [`MIN_WANT`]) does not pay for a full batch.
+    fn receive<const N: usize>(&mut self, fd: i32) -> Result<(), Errno> {
+        self.received.clear();
+        let mut bufs = self.inbuf.iter_mut();
+        let mut iovs: [[IoSliceMut<'_>; 1]; N] = std::array::from_fn(|_| {
+            [IoSliceMut::new(
+                bufs.next().map_or(&mut [][..], |b| &mut b[..]),
+            )]
+        });
+        let results = recvmmsg(
+            fd,
+            &mut self.recv_headers,
+            iovs.iter_mut(),
+            MsgFlags::MSG_WAITFORONE,
+            None,
+        )?;
+        for msg in results {
+            // A datagram longer than the buffer was cut by the kernel: parse nothing.
+            let len = if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                0
+            } else {
+                msg.bytes
+            };
+            self.received.push((len, msg.address));
+        }
         Ok(())
     }
 
