@@ -10,8 +10,12 @@
 //! blocking mutex is cheaper than an async one and cannot deadlock the runtime.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use foldhash::fast::SeedableRandomState;
+
+use crate::store::key_hasher;
 
 /// Shards in the table; a power of two so the shard is a mask of the hash. 16 shards keep two
 /// workers on different keys from meeting on one lock almost always, at 16 small maps of memory.
@@ -29,14 +33,15 @@ pub enum Joined<W> {
     Full(W),
 }
 
-type Shard<W> = Mutex<HashMap<Box<[u8]>, Vec<W>>>;
+type Map<W> = HashMap<Box<[u8]>, Vec<W>, SeedableRandomState>;
+type Shard<W> = Mutex<Map<W>>;
 
 /// The table of fetches in progress.
 #[derive(Debug)]
 pub struct Flights<W> {
     shards: Box<[Shard<W>]>,
     /// Picks the shard; random per table so that no one can aim many keys at one shard.
-    hasher: RandomState,
+    hasher: SeedableRandomState,
     max_waiters: usize,
 }
 
@@ -45,8 +50,10 @@ impl<W> Flights<W> {
     /// leader's own waiter is always queued, even when the bound is 0 or 1).
     pub fn new(max_waiters: usize) -> Self {
         Flights {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::with_hasher(key_hasher())))
+                .collect(),
+            hasher: key_hasher(),
             max_waiters,
         }
     }
@@ -90,7 +97,7 @@ impl<W> Flights<W> {
         self.len().0 == 0
     }
 
-    fn shard(&self, key: &[u8]) -> MutexGuard<'_, HashMap<Box<[u8]>, Vec<W>>> {
+    fn shard(&self, key: &[u8]) -> MutexGuard<'_, Map<W>> {
         // Truncating the hash is the point: the low bits pick the shard.
         let index = self.hasher.hash_one(key) as usize & (SHARDS - 1);
         // A panic while holding a shard lock cannot leave the map half-updated (every critical

@@ -163,7 +163,7 @@ impl Cache {
         let shards = shard_count(policy.capacity_bytes);
         let budget = policy.capacity_bytes / shards;
         Cache {
-            hasher: SeedableRandomState::with_seed(rand::random(), shared_seed()),
+            hasher: key_hasher(),
             shards: (0..shards)
                 .map(|_| Mutex::new(Shard::new(budget)))
                 .collect(),
@@ -360,6 +360,13 @@ impl fmt::Debug for Cache {
 fn shard_count(capacity_bytes: u64) -> u64 {
     let shards = (capacity_bytes / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS);
     1 << shards.ilog2()
+}
+
+/// A fast keyed hasher for query names, randomly seeded (names are chosen by clients, so a fixed
+/// seed would let them aim many keys at one bucket). Shared by the store and the single-flight
+/// table.
+pub(crate) fn key_hasher() -> SeedableRandomState {
+    SeedableRandomState::with_seed(rand::random(), shared_seed())
 }
 
 /// The foldhash seed shared by every cache of the process, drawn once from the OS-seeded RNG
