@@ -218,6 +218,10 @@ fn time_bucket(ns: u64) -> usize {
 
 #[inline]
 fn size_bucket(len: usize) -> usize {
+    // DNS messages are mostly under 400 bytes, where the bounds step by 100.
+    if len <= 400 {
+        return len.div_ceil(100);
+    }
     SIZE_BOUNDS
         .iter()
         .position(|&b| len <= b)
@@ -370,8 +374,9 @@ impl Counters {
     }
 
     /// Counts one answered query: request, response, duration, sizes, and how the cache took
-    /// part. Called exactly once per answer sent (or handed to the socket).
-    #[inline]
+    /// part. Called exactly once per answer sent (or handed to the socket). Inlined: a call
+    /// with this many arguments costs a fifth of the counting itself.
+    #[inline(always)]
     pub fn answered(
         &self,
         labels: Labels,
@@ -395,7 +400,7 @@ impl Counters {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn count<const SINGLE_WRITER: bool>(
         &self,
         labels: Labels,
@@ -1544,6 +1549,13 @@ mod tests {
         assert_eq!(size_bucket(29), 1);
         assert_eq!(size_bucket(511), 5);
         assert_eq!(size_bucket(65_535), 14);
+        for len in 0..70_000 {
+            let slow = SIZE_BOUNDS
+                .iter()
+                .position(|&b| len <= b)
+                .unwrap_or(SIZE_SLOTS - 1);
+            assert_eq!(size_bucket(len), slow, "{len}");
+        }
     }
 
     #[test]
