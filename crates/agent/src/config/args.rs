@@ -84,6 +84,12 @@ pub struct ConfigArgs {
           value_parser = byte_size, conflicts_with_all = ["conf", "basecorefile"])]
     pub cache_size: u64,
 
+    /// TCP connections per upstream address at most, without a Corefile (each carries one query
+    /// at a time; the pool grows with concurrency up to this cap).
+    #[arg(long = "upstream-max-connections", value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u16).range(1..), conflicts_with_all = ["conf", "basecorefile"])]
+    pub upstream_max_connections: u16,
+
     /// Port of server blocks whose zones name none (CoreDNS `-dns.port`).
     #[arg(long = "dns-port", value_name = "PORT", default_value_t = 53)]
     pub dns_port: u16,

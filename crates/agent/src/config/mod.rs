@@ -511,6 +511,7 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
             upstream: nodedns_upstream::Config {
                 addrs,
                 transport,
+                max_connections: usize::from(args.upstream_max_connections),
                 ..Default::default()
             },
         }),

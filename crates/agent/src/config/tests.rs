@@ -1005,6 +1005,27 @@ fn cli_mode_explicit_upstreams_go_over_tcp_and_local_ips_become_listeners() {
 }
 
 #[test]
+fn cli_mode_upstream_pool_cap_is_a_flag() {
+    let default = build(&cli(&["--upstream", "127.0.0.1:5301"]), &cli_inputs("")).unwrap();
+    let forward = |c: &Config| {
+        c.servers[0]
+            .forward
+            .as_ref()
+            .unwrap()
+            .upstream
+            .max_connections
+    };
+    assert_eq!(forward(&default), 64);
+    let args = cli(&[
+        "--upstream",
+        "127.0.0.1:5301",
+        "--upstream-max-connections",
+        "8",
+    ]);
+    assert_eq!(forward(&build(&args, &cli_inputs("")).unwrap()), 8);
+}
+
+#[test]
 fn cli_mode_problems_are_all_reported() {
     let args = cli(&["--cache-size", "0", "-setupebtables"]);
     let errs = build(&args, &cli_inputs("search x\n"))
