@@ -218,7 +218,7 @@ def free_port_pair(start):
 
 @unittest.skipIf(os.environ.get("NODEDNS_BENCH_SMOKE") == "0", "NODEDNS_BENCH_SMOKE=0")
 class Smoke(unittest.TestCase):
-    def test_quick_run_prints_every_figure_for_every_peer_within_a_minute(self):
+    def test_quick_run_prints_every_figure_for_every_peer(self):
         # The smoke run checks the script, not the speed: any build will do (release first).
         builds = [os.path.join(REPO, "target", p, "nodedns") for p in ("release", "debug")]
         binary = os.environ.get("NODEDNS_BIN") or next((b for b in builds if os.access(b, os.X_OK)), None)
