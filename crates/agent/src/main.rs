@@ -1,31 +1,9 @@
-//! nodedns: a node-local DNS cache for Kubernetes.
-//!
-//! Map of the binary:
-//! - [`cli`]: the command line (nodedns's flags and node-cache's, unchanged);
-//! - [`config`]: the Corefile, node-cache's template variables, the kube-dns ConfigMap → [`config::Config`];
-//! - [`host`]: the node's link, addresses and NOTRACK rules (crate `nodedns-hostnet`);
-//! - [`handoff`]: zero-gap upgrades (the listening sockets handed to a new instance);
-//! - [`serve`]: the UDP and TCP listeners and the request pipeline;
-//! - [`admin`]: `/health`, `/ready`, `/metrics`, `/log-level`;
-//! - [`metrics`]: what the request path counts, and the exposition of every metric;
-//! - [`logging`]: text or JSON logs, the runtime filter, rate limits, the query log;
-//! - [`top`]: `nodedns top`, a live view of a running agent's metrics;
-//! - [`app`]: start-up and shutdown order.
+//! The `nodedns` binary: parse the command line, load the configuration, run, exit.
 //!
 //! Exit codes: 0 after a clean shutdown, 64 (EX_USAGE) for a bad command line or configuration,
-//! 1 for anything else that stops start-up.
+//! 1 for anything else that stops start-up (or a forwarding loop found at start).
 
-mod admin;
-mod app;
-mod cli;
-mod config;
-mod handoff;
-mod host;
-mod logging;
-mod metrics;
-mod serve;
-mod top;
-
+use nodedns_agent::{app, cli, config, logging, top};
 use std::process::ExitCode;
 
 /// EX_USAGE from sysexits.h: the command line or the configuration is wrong.

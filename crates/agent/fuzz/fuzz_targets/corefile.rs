@@ -6,22 +6,13 @@
 //! same result); an accepted configuration serves somewhere and routes every name without
 //! panicking; comparing it with itself needs no restart.
 #![no_main]
-#![allow(dead_code, unused_imports)]
-
-#[path = "../../src/config/mod.rs"]
-mod config;
-#[path = "../../src/logging.rs"]
-mod logging;
-#[path = "../../src/metrics.rs"]
-mod metrics;
-#[path = "../../src/serve/mod.rs"]
-mod serve;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
+use nodedns_agent::config;
 
 #[derive(Debug, Parser)]
 struct Cli {

@@ -7,16 +7,6 @@
 //! only, each a DNS response that hickory-proto decodes; never more answers than the input held
 //! complete frames.
 #![no_main]
-#![allow(dead_code, unused_imports)]
-
-#[path = "../../src/config/mod.rs"]
-mod config;
-#[path = "../../src/logging.rs"]
-mod logging;
-#[path = "../../src/metrics.rs"]
-mod metrics;
-#[path = "../../src/serve/mod.rs"]
-mod serve;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -27,6 +17,7 @@ use std::time::Duration;
 use clap::Parser;
 use hickory_proto::op::{Message, MessageType};
 use libfuzzer_sys::fuzz_target;
+use nodedns_agent::{config, metrics, serve};
 use nodedns_cache::{Cache, Flights};
 use nodedns_upstream::Group;
 use serve::{Shared, Snapshot, Zone, tcp};

@@ -322,8 +322,7 @@ pub fn load(args: &ConfigArgs) -> Result<Config, ConfigError> {
 }
 
 /// The configuration `args` and `inputs` describe. Pure: every problem is reported at once.
-/// (The seam the tests feed; the binary goes through [`load`].)
-#[cfg_attr(not(test), allow(dead_code))]
+/// (The seam the tests and the fuzz targets feed; the binary goes through [`load`].)
 pub fn build(args: &ConfigArgs, inputs: &Inputs) -> Result<Config, ConfigError> {
     build_rendered(args, inputs).map(|(config, _)| config)
 }
