@@ -23,4 +23,3 @@ pub mod logging;
 pub mod metrics;
 pub mod serve;
 pub mod top;
-
