@@ -2,7 +2,7 @@
 //!
 //! Contract (other tests code against it):
 //!
-//! ```ignore
+//! ```text
 //! pub struct Zone { pub origin: String, pub body: String }       // zone file text after $ORIGIN
 //! pub struct Options { pub listen: Vec<SocketAddr>, pub netns: Option<String>, pub zones: Vec<Zone> }
 //! pub struct Knot { .. }                                          // killed (by PID) on drop
