@@ -1109,6 +1109,23 @@ fn counter(m: &mut MetricEncoder<'_>, labels: &impl EncodeLabelSet, v: u64) -> f
         .encode_counter::<NoLabelSet, u64, u64>(&v, None)
 }
 
+/// Two gauges labelled by `zones` whose values come in pairs (used and capacity; fetches and
+/// waiters): `names[0]` takes each pair's first value, `names[1]` its second.
+fn gauge_pair<'a>(
+    encoder: &mut DescriptorEncoder<'_>,
+    names: [(&str, &str); 2],
+    pairs: impl IntoIterator<Item = (&'a String, &'a (u64, u64))> + Copy,
+) -> fmt::Result {
+    for (i, (name, help)) in names.into_iter().enumerate() {
+        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (zones, &(first, second)) in pairs {
+            let v = if i == 0 { first } else { second };
+            gauge(&mut m, &[("zones", zones.as_str())], v)?;
+        }
+    }
+    Ok(())
+}
+
 fn gauge(m: &mut MetricEncoder<'_>, labels: &impl EncodeLabelSet, v: u64) -> fmt::Result {
     m.encode_family(labels)?.encode_gauge(&v)
 }
@@ -1403,42 +1420,34 @@ fn encode_snapshot(
         ];
         counter(&mut m, &labels, *v)?;
     }
-    for (name, help, pick) in [
-        (
-            "nodedns_cache_bytes",
-            "Weighted size of the cache's entries (keys, replies and bookkeeping), in bytes.",
-            0,
-        ),
-        (
-            "nodedns_cache_capacity_bytes",
-            "The cache's capacity, in bytes.",
-            1,
-        ),
-    ] {
-        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (zones, (used, capacity)) in &bytes {
-            let v = if pick == 0 { *used } else { *capacity };
-            gauge(&mut m, &[("zones", zones.as_str())], v)?;
-        }
-    }
-    for (name, help, pick) in [
-        (
-            "nodedns_singleflight_fetches",
-            "Upstream fetches in progress that other queries for the same name wait on.",
-            0,
-        ),
-        (
-            "nodedns_singleflight_waiters",
-            "Client queries waiting for an upstream fetch in progress (the one that started it included).",
-            1,
-        ),
-    ] {
-        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (zones, (keys, waiters)) in &flights {
-            let v = if pick == 0 { *keys } else { *waiters };
-            gauge(&mut m, &[("zones", zones.as_str())], v)?;
-        }
-    }
+    gauge_pair(
+        encoder,
+        [
+            (
+                "nodedns_cache_bytes",
+                "Weighted size of the cache's entries (keys, replies and bookkeeping), in bytes.",
+            ),
+            (
+                "nodedns_cache_capacity_bytes",
+                "The cache's capacity, in bytes.",
+            ),
+        ],
+        &bytes,
+    )?;
+    gauge_pair(
+        encoder,
+        [
+            (
+                "nodedns_singleflight_fetches",
+                "Upstream fetches in progress that other queries for the same name wait on.",
+            ),
+            (
+                "nodedns_singleflight_waiters",
+                "Client queries waiting for an upstream fetch in progress (the one that started it included).",
+            ),
+        ],
+        &flights,
+    )?;
     Ok(())
 }
 
