@@ -4,8 +4,9 @@
 //! block's upstreams. Nobody but nodedns knows that name, so if it ever arrives at a listener as
 //! a client query, something upstream forwarded nodedns's own query back to it, and every query
 //! for the zone would circle until it timed out. The request path reports such arrivals
-//! ([`Detector::arrived`]) on the miss path only (a probe name is never cached) and only while a
-//! check runs: otherwise its whole cost is one relaxed atomic load per miss.
+//! ([`Detector::arrived`]) on the miss path only (the answer to a probe that arrived is never
+//! stored, so every arrival is a miss) and only while a check runs: otherwise its whole cost is
+//! one relaxed atomic load per miss.
 //!
 //! A loop is declared after [`ARRIVALS`] arrivals of one probe name. Behind a plain forwarder the
 //! name comes back, nodedns forwards it (a miss), and it comes back again at once. (CoreDNS
@@ -13,7 +14,10 @@
 //! evidence.) A forwarder that merges identical queries in flight (dnsmasq, another nodedns)
 //! passes the second copy on only after the first exchange timed out, so a probe that got no
 //! answer is sent again each second, under the same name, counting across attempts, for up to
-//! 30 s, as CoreDNS does. Once every probe has been answered, arrivals are still watched for
+//! 30 s, as CoreDNS does. A SERVFAIL is no answer here: it is what a looping forwarder returns
+//! once its exchange timed out, and it may cache it for a few seconds (CoreDNS and nodedns keep
+//! an upstream SERVFAIL 5 s), so the retries go on until that expires and the probe circles
+//! again. Once every probe has been answered, arrivals are still watched for
 //! [`GRACE`], then the check ends: a configuration applied by a later reload is not probed.
 //!
 //! A verdict stops the agent: the caller logs it, shuts down in the usual order (the host rules
@@ -27,7 +31,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nodedns_upstream::Group;
-use nodedns_wire::Key;
+use nodedns_wire::{Key, rcode};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -304,24 +308,24 @@ pub async fn check(detector: &Detector, targets: Vec<Target>) -> Option<Arc<Loop
 async fn send(group: Arc<Group>, query: Vec<u8>, zone: String) {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        match group.query(&query).await {
-            Ok(_) => {
+        let err = match group.query(&query).await {
+            Ok(reply) if reply.get(3).map(|flags| flags & 0x0f) != Some(rcode::SERVFAIL) => {
                 tracing::debug!(%zone, "loop check: the probe was answered");
                 return;
             }
-            Err(err) if Instant::now() + RETRY < deadline => {
-                tracing::debug!(%zone, %err, "loop check: no answer to the probe yet");
-                tokio::time::sleep(RETRY).await;
-            }
-            Err(err) => {
-                tracing::warn!(
-                    %zone,
-                    %err,
-                    "loop check gave up: no upstream answered the probe within {DEADLINE:?}"
-                );
-                return;
-            }
+            Ok(_) => "SERVFAIL".to_owned(),
+            Err(err) => err.to_string(),
+        };
+        if Instant::now() + RETRY >= deadline {
+            tracing::warn!(
+                %zone,
+                %err,
+                "loop check gave up: no upstream answered the probe within {DEADLINE:?}"
+            );
+            return;
         }
+        tracing::debug!(%zone, %err, "loop check: no answer to the probe yet");
+        tokio::time::sleep(RETRY).await;
     }
 }
 
@@ -430,6 +434,13 @@ mod tests {
     /// flipped to a response), as an upstream without a loop does; it passes each query's
     /// question on to the test.
     fn nxdomain_upstream() -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
+        upstream_failing_first(0)
+    }
+
+    /// [`nxdomain_upstream`], but the first `servfails` queries get SERVFAIL.
+    fn upstream_failing_first(
+        mut servfails: usize,
+    ) -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = socket.local_addr().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -440,8 +451,10 @@ mod tests {
                 if let Ok(query) = nodedns_wire::Query::parse(&reply) {
                     let _ = tx.send(query.key().as_bytes().to_vec());
                 }
+                let code = if servfails > 0 { rcode::SERVFAIL } else { 3 }; // else NXDOMAIN
+                servfails = servfails.saturating_sub(1);
                 reply[2] |= 0x80; // QR
-                reply[3] = (reply[3] & 0xf0) | 3; // NXDOMAIN
+                reply[3] = (reply[3] & 0xf0) | code;
                 let _ = socket.send_to(&reply, peer);
             }
         });
@@ -488,6 +501,22 @@ mod tests {
         assert_eq!(labels.len(), 4, "<a>.<b>.cluster.local.");
         assert!(labels[..2].iter().all(|l| l.iter().all(u8::is_ascii_digit)));
         assert!(questions.try_recv().is_err(), "answered once: sent once");
+    }
+
+    #[tokio::test]
+    async fn a_servfail_is_no_answer_and_the_probe_is_sent_again() {
+        let (upstream, questions) = upstream_failing_first(2);
+        let detector = Detector::default();
+        let verdict = tokio::time::timeout(
+            DEADLINE,
+            check(&detector, vec![target("cluster.local.", upstream)]),
+        )
+        .await
+        .expect("the check ends");
+        assert_eq!(verdict, None);
+        let sent: Vec<Vec<u8>> = questions.try_iter().collect();
+        assert_eq!(sent.len(), 3, "two SERVFAILs retried, then answered");
+        assert!(sent.iter().all(|key| *key == sent[0]), "one probe name");
     }
 
     fn server(zones: &[&str], except: &[&str], loop_check: bool) -> crate::config::Server {

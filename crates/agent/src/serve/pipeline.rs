@@ -219,9 +219,9 @@ pub fn spawn(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, miss: Miss,
 /// answers every waiter.
 async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: InFlight) {
     let Miss { zone, key, .. } = miss;
-    if shared.loops.armed() {
-        shared.loops.arrived(&key, &waiter);
-    }
+    // A probe of the loop check is answered but never stored: a cached answer (a SERVFAIL from
+    // the looping upstream, say) would hide its next arrival from the check.
+    let probe = shared.loops.armed() && shared.loops.arrived(&key, &waiter);
     match zone.flights.join(key.as_bytes(), waiter) {
         Joined::Leader => {}
         Joined::Follower => return,
@@ -231,14 +231,15 @@ async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: In
             return;
         }
     }
-    let outcome = fetch(&shared, &zone, &key).await;
+    let outcome = fetch(&shared, &zone, &key, !probe).await;
     for waiter in zone.flights.complete(key.as_bytes()) {
         answer_waiter(&shared, waiter, &outcome);
     }
 }
 
-/// Fetches `key` upstream, stores the reply, and returns what waiters get.
-async fn fetch(shared: &Shared, zone: &Zone, key: &Key) -> Outcome {
+/// Fetches `key` upstream, stores the reply (if `store` and the block has a cache), and returns
+/// what waiters get.
+async fn fetch(shared: &Shared, zone: &Zone, key: &Key, store: bool) -> Outcome {
     let Some(group) = &zone.group else {
         return Outcome::Failed;
     };
@@ -262,7 +263,7 @@ async fn fetch(shared: &Shared, zone: &Zone, key: &Key) -> Outcome {
         }
     };
     let now = Instant::now();
-    let Some(cache) = &zone.cache else {
+    let Some(cache) = zone.cache.as_ref().filter(|_| store) else {
         return reply.map_or(Outcome::Failed, Outcome::Reply);
     };
     match reply {
