@@ -13,8 +13,8 @@
 mod reliability_support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
@@ -22,23 +22,9 @@ use hickory_proto::rr::RecordType;
 use nodedns_integration::knot::{Knot, Options as KnotOptions, Zone};
 use nodedns_integration::scripted::{Action, Scripted};
 use nodedns_integration::{Agent, PROBE_NAME, Process, TempDir, client};
-use reliability_support::{Load, free_addr, memory, metric, scrape};
+use reliability_support::{Load, free_addr, memory, metric, runtime, scrape, serial};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// The cache size the flood test configures.
 const CACHE_BYTES: u64 = 8 << 20;

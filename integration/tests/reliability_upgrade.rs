@@ -11,22 +11,16 @@ mod reliability_support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
 use nix::sys::signal::Signal;
 use nodedns_integration::node::{self, KUBE_DNS, Node, NodeOptions};
 use nodedns_integration::{PROBE_NAME, Process, TempDir, client, knot};
-use reliability_support::{Load, Query, Report, free_addr, spawn_agent, wait_for_line};
+use reliability_support::{Load, Query, Report, free_addr, serial, spawn_agent, wait_for_line};
 
 /// The load tests share two cores: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const TOOK_OVER: &str = "took the listening sockets over";
 const HANDED_OVER: &str = "handed the listening sockets over";
 const RESUMED: &str = "serving the listening sockets again";

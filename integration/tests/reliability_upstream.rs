@@ -12,8 +12,8 @@
 mod reliability_support;
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
@@ -21,21 +21,7 @@ use hickory_proto::rr::RecordType;
 use nodedns_integration::knot::{self, Knot, Options as KnotOptions, Zone};
 use nodedns_integration::scripted::{Action, Ctx, Options, Scripted, Transport};
 use nodedns_integration::{Agent, client};
-use reliability_support::{Load, Query, Report, free_addr, metric, scrape};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
+use reliability_support::{Load, Query, Report, free_addr, metric, runtime, scrape, serial};
 
 /// Every query a name never asked before: each one is a miss that goes upstream.
 fn unique(tag: &'static str) -> Arc<dyn Fn(u64) -> Query + Send + Sync> {

@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -20,6 +20,21 @@ use hickory_proto::rr::RecordType;
 use nodedns_integration::{Process, client, nodedns_bin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
+
+/// Held by each reliability test: they measure losses and memory, so they run one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The runtime the tests' clients run on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
 
 /// A query the load sends: its name and type.
 pub type Query = (String, RecordType);
