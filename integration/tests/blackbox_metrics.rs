@@ -628,6 +628,13 @@ async fn zone_labels_follow_the_corefile_and_the_log_directive_logs_queries() {
         .filter(|l| l.contains("nodedns::query"))
         .collect();
     assert_eq!(logged.len(), 3, "{output}");
+    // Who asked, on the hit path and the miss path alike: the test's own sockets on loopback.
+    assert!(
+        logged
+            .iter()
+            .all(|l| l.contains("remote=127.0.0.1:") && !l.contains("remote=127.0.0.1:0 ")),
+        "{output}"
+    );
     assert!(
         logged
             .iter()

@@ -20,7 +20,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
-use crate::metrics::{Proto, Source};
+use crate::metrics::{Client, Source};
 
 /// Why logging could not be set up or its filter changed.
 #[derive(Debug, thiserror::Error)]
@@ -194,12 +194,12 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Logs one answered query (the `log` directive's line, in fields): where it arrived, the
-/// question, what answered and how.
+/// Logs one answered query (the `log` directive's line, in fields): where it arrived, who asked,
+/// the question, what answered and how.
 pub fn query(
     server: &str,
     query: &Query<'_>,
-    proto: Proto,
+    client: &Client,
     source: Source,
     response: &[u8],
     elapsed: Duration,
@@ -208,10 +208,11 @@ pub fn query(
     tracing::info!(
         target: "nodedns::query",
         server,
+        remote = %client.addr,
         id = query.id(),
         qtype = %crate::metrics::qtype_name(query.qtype()),
         qname = %name_text(query.qname()),
-        proto = proto.as_str(),
+        proto = client.proto.as_str(),
         size = query.bytes().len(),
         dnssec_ok = query.dnssec_ok(),
         bufsize = query.udp_limit(),

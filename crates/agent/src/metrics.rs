@@ -62,6 +62,14 @@ impl Proto {
     }
 }
 
+/// Who asked a query: the transport it came over and the client's address (for the query log;
+/// the counters need only the transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    pub proto: Proto,
+    pub addr: SocketAddr,
+}
+
 /// What answered a query, and how it went through its block's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -380,18 +388,19 @@ impl Counters {
     pub fn answered(
         &self,
         labels: Labels,
-        proto: Proto,
+        client: &Client,
         query: &Query<'_>,
         source: Source,
         response: &[u8],
         elapsed: Duration,
     ) {
         if labels.log && self.sample() {
-            crate::logging::query(&self.server_name, query, proto, source, response, elapsed);
+            crate::logging::query(&self.server_name, query, client, source, response, elapsed);
         }
         if !self.counting {
             return;
         }
+        let proto = client.proto;
         // One branch on the kind of block, not one per count.
         if self.single_writer {
             self.count::<true>(labels, proto, query, source, response, elapsed);
@@ -1466,6 +1475,19 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The clients of the tests' queries.
+    const UDP: Client = Client {
+        proto: Proto::Udp,
+        addr: SocketAddr::V4(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::new(10, 0, 0, 7),
+            40000,
+        )),
+    };
+    const TCP: Client = Client {
+        proto: Proto::Tcp,
+        ..UDP
+    };
     use prometheus_client::registry::Registry;
 
     /// Registers `metrics`' request-path families alone (no snapshot).
@@ -1611,7 +1633,7 @@ mod tests {
         // Miss (answered on the async path), then two hits, then an NXDOMAIN hit over AAAA.
         metrics.shared(labels).answered(
             labels,
-            Proto::Udp,
+            &UDP,
             &a,
             Source::Upstream,
             &response(0, 80),
@@ -1620,7 +1642,7 @@ mod tests {
         for _ in 0..2 {
             worker.answered(
                 labels,
-                Proto::Udp,
+                &UDP,
                 &a,
                 Source::Hit(Class::Success),
                 &response(0, 80),
@@ -1629,7 +1651,7 @@ mod tests {
         }
         worker.answered(
             labels,
-            Proto::Udp,
+            &UDP,
             &aaaa,
             Source::Hit(Class::Denial),
             &response(3, 120),
@@ -1640,7 +1662,7 @@ mod tests {
         let refused = worker.dropped();
         worker.answered(
             refused,
-            Proto::Tcp,
+            &TCP,
             &a,
             Source::Refused,
             &response(5, 40),
@@ -1765,7 +1787,7 @@ mod tests {
         let shared = metrics.shared(labels);
         shared.answered(
             labels,
-            Proto::Udp,
+            &UDP,
             &q,
             Source::StaleHit(Class::Success),
             &response(0, 60),
@@ -1773,7 +1795,7 @@ mod tests {
         );
         shared.answered(
             labels,
-            Proto::Udp,
+            &UDP,
             &q,
             Source::StaleAfterMiss,
             &response(0, 60),
@@ -1781,7 +1803,7 @@ mod tests {
         );
         shared.answered(
             labels,
-            Proto::Udp,
+            &UDP,
             &q,
             Source::ServFail,
             &response(2, 30),
@@ -1812,7 +1834,7 @@ mod tests {
         let q = Query::parse(&q).unwrap();
         worker.answered(
             labels,
-            Proto::Udp,
+            &UDP,
             &q,
             Source::Hit(Class::Success),
             &response(0, 60),

@@ -173,12 +173,10 @@ impl Detector {
     /// Returns whether it was a probe of the running check. Background refreshes are not client
     /// queries.
     pub fn arrived(&self, key: &Key, waiter: &Waiter) -> bool {
-        let from = match &waiter.reply_to {
-            ReplyTo::Nobody => return false,
-            ReplyTo::Udp { peer, .. } => Some(*peer),
-            ReplyTo::Tcp(..) => None,
-        };
-        self.arrived_name(key.qname(), key.qtype(), from)
+        if matches!(waiter.reply_to, ReplyTo::Nobody) {
+            return false;
+        }
+        self.arrived_name(key.qname(), key.qtype(), Some(waiter.client.addr))
     }
 
     /// Registers the probes and arms the detector.

@@ -15,7 +15,7 @@ use nodedns_wire::{Key, ParseError, Query, Reply, TtlRule, rcode};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use super::{InFlight, Shared, Snapshot, Zone};
-use crate::metrics::{Counters, Labels, Proto, Source};
+use crate::metrics::{Client, Counters, Labels, Proto, Source};
 
 /// What the synchronous front decided for one packet.
 #[derive(Debug)]
@@ -43,12 +43,9 @@ pub struct Miss {
 /// Where the answer to a waiting query goes.
 #[derive(Debug)]
 pub enum ReplyTo {
-    /// Back out of the UDP socket the query came in on (it is bound to the address the query
-    /// was sent to, so the answer leaves from that address).
-    Udp {
-        socket: Arc<std::net::UdpSocket>,
-        peer: SocketAddr,
-    },
+    /// Back out of the UDP socket the query came in on, to the client's address (the socket is
+    /// bound to the address the query was sent to, so the answer leaves from that address).
+    Udp(Arc<std::net::UdpSocket>),
     /// The connection's writer. The permit is one of the connection's in-flight slots, given
     /// back when the answer is queued; the channel has one place per slot, so queuing never
     /// waits.
@@ -63,7 +60,7 @@ pub enum ReplyTo {
 pub struct Waiter {
     pub query: Box<[u8]>,
     pub reply_to: ReplyTo,
-    pub proto: Proto,
+    pub client: Client,
     pub started: Instant,
     /// Its metric labels (from [`Miss::labels`]).
     pub labels: Labels,
@@ -75,7 +72,10 @@ impl Waiter {
         Waiter {
             query: Box::default(),
             reply_to: ReplyTo::Nobody,
-            proto: Proto::Udp,
+            client: Client {
+                proto: Proto::Udp,
+                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            },
             started: Instant::now(),
             labels: Labels::default(),
         }
@@ -95,7 +95,7 @@ pub fn answer(
     snap: &Snapshot,
     packet: &[u8],
     local: SocketAddr,
-    proto: Proto,
+    client: &Client,
     now: Instant,
     out: &mut Vec<u8>,
 ) -> Front {
@@ -104,7 +104,7 @@ pub fn answer(
         Err(err) => return malformed(counters, packet, err, out),
     };
     let key = query.key();
-    let limit = match proto {
+    let limit = match client.proto {
         Proto::Udp => query.udp_limit(),
         Proto::Tcp => TCP_LIMIT,
     };
@@ -112,7 +112,7 @@ pub fn answer(
         nodedns_wire::write_error(&query, rcode::REFUSED.into(), out);
         counters.answered(
             counters.dropped(),
-            proto,
+            client,
             &query,
             Source::Refused,
             out,
@@ -129,7 +129,7 @@ pub fn answer(
     // in nodedns answers it.
     if !route.forward || zone.group.is_none() {
         nodedns_wire::write_error(&query, rcode::REFUSED.into(), out);
-        counters.answered(labels, proto, &query, Source::Refused, out, Duration::ZERO);
+        counters.answered(labels, client, &query, Source::Refused, out, Duration::ZERO);
         return Front::Answered;
     }
     let Some(cache) = &zone.cache else {
@@ -147,7 +147,7 @@ pub fn answer(
         } => {
             entry.reply().write_answer(&query, ttl, limit, out);
             let source = Source::Hit(entry.class());
-            counters.answered(labels, proto, &query, source, out, Duration::ZERO);
+            counters.answered(labels, client, &query, source, out, Duration::ZERO);
             if prefetch {
                 counters.prefetch(labels);
                 return Front::AnsweredRefresh(Miss {
@@ -163,7 +163,7 @@ pub fn answer(
         Lookup::Stale { entry, ttl } if zone.group.as_ref().is_some_and(|g| !g.healthy()) => {
             entry.reply().write_answer(&query, ttl, limit, out);
             let source = Source::StaleHit(entry.class());
-            counters.answered(labels, proto, &query, source, out, Duration::ZERO);
+            counters.answered(labels, client, &query, source, out, Duration::ZERO);
             Front::AnsweredRefresh(Miss {
                 zone: zone.clone(),
                 key,
@@ -295,7 +295,7 @@ fn answer_waiter(shared: &Shared, waiter: Waiter, outcome: &Outcome) {
     let Ok(query) = Query::parse(&waiter.query) else {
         return;
     };
-    let limit = match waiter.proto {
+    let limit = match waiter.client.proto {
         Proto::Udp => query.udp_limit(),
         Proto::Tcp => TCP_LIMIT,
     };
@@ -327,15 +327,15 @@ fn answer_waiter(shared: &Shared, waiter: Waiter, outcome: &Outcome) {
     shared
         .metrics
         .shared(labels)
-        .answered(labels, waiter.proto, &query, source, &out, elapsed);
-    send(shared, waiter.reply_to, out);
+        .answered(labels, &waiter.client, &query, source, &out, elapsed);
+    send(shared, waiter.reply_to, waiter.client.addr, out);
 }
 
 /// Sends one answer. UDP sends never block: a full socket buffer drops the answer (counted), as
 /// the kernel would have dropped the query.
-fn send(shared: &Shared, reply_to: ReplyTo, out: Vec<u8>) {
+fn send(shared: &Shared, reply_to: ReplyTo, peer: SocketAddr, out: Vec<u8>) {
     match reply_to {
-        ReplyTo::Udp { socket, peer } => {
+        ReplyTo::Udp(socket) => {
             if super::udp::send_nonblocking(&socket, &out, peer).is_err() {
                 shared.metrics.counters().send_failed();
             }

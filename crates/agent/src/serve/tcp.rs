@@ -22,7 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use super::Shared;
 use super::pipeline::{self, Front, ReplyTo, Waiter};
-use crate::metrics::Proto;
+use crate::metrics::{Client, Proto};
 
 /// Limits for one client connection (the caps on open connections are [`Connections`], shared
 /// by every listener).
@@ -158,7 +158,11 @@ pub async fn run(
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            serve_connection(shared, stream, local, limits, admitted).await;
+            let client = Client {
+                proto: Proto::Tcp,
+                addr: peer,
+            };
+            serve_connection(shared, stream, local, client, limits, admitted).await;
         });
     }
 }
@@ -168,6 +172,7 @@ async fn serve_connection(
     shared: Arc<Shared>,
     stream: TcpStream,
     local: SocketAddr,
+    client: Client,
     limits: Limits,
     _admitted: Admitted,
 ) {
@@ -205,7 +210,7 @@ async fn serve_connection(
         let now = Instant::now();
         let snap = shared.snapshot.load();
         let mut out = Vec::with_capacity(512);
-        match pipeline::answer(counters, &snap, &query, local, Proto::Tcp, now, &mut out) {
+        match pipeline::answer(counters, &snap, &query, local, &client, now, &mut out) {
             Front::Answered => {
                 if tx.send(out).await.is_err() {
                     break;
@@ -227,7 +232,7 @@ async fn serve_connection(
                 let waiter = Waiter {
                     query: query.as_slice().into(),
                     reply_to: ReplyTo::Tcp(tx.clone(), permit),
-                    proto: Proto::Tcp,
+                    client,
                     started: now,
                     labels: miss.labels,
                 };

@@ -27,7 +27,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::Shared;
 use super::pipeline::{self, Front, ReplyTo, Waiter};
-use crate::metrics::{Counters, Proto};
+use crate::metrics::{Client, Counters, Proto};
 
 /// Datagrams taken per `recvmmsg` at most.
 const BATCH: usize = 64;
@@ -180,7 +180,11 @@ impl Worker {
             let packet = &self.inbuf[slot][..len];
             let out = &mut self.outbuf[slot];
             out.clear();
-            match pipeline::answer(counters, &snap, packet, local, Proto::Udp, now, out) {
+            let client = Client {
+                proto: Proto::Udp,
+                addr: peer_addr,
+            };
+            match pipeline::answer(counters, &snap, packet, local, &client, now, out) {
                 Front::Answered => self.answers.push(slot),
                 Front::Dropped => {}
                 Front::AnsweredRefresh(miss) => {
@@ -190,11 +194,8 @@ impl Worker {
                 Front::Miss(miss) => {
                     let waiter = Waiter {
                         query: packet.into(),
-                        reply_to: ReplyTo::Udp {
-                            socket: socket.clone(),
-                            peer: peer_addr,
-                        },
-                        proto: Proto::Udp,
+                        reply_to: ReplyTo::Udp(socket.clone()),
+                        client,
                         started: now,
                         labels: miss.labels,
                     };
