@@ -165,6 +165,28 @@ impl Process {
         self.output.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Waits until the output contains `needle`; fails after `limit`, or when the process
+    /// exited without writing it, with the output.
+    pub fn wait_output(&mut self, needle: &str, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let output = self.output();
+            if output.contains(needle) {
+                return Ok(());
+            }
+            if let Some(status) = self.exited() {
+                bail!(
+                    "{} exited ({status}) without {needle:?}:\n{output}",
+                    self.name
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!("{}: no {needle:?} within {limit:?}:\n{output}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The exit status if the process has exited (without waiting).
     pub fn exited(&mut self) -> Option<ExitStatus> {
         if self.stopped.is_some() {
@@ -271,6 +293,25 @@ pub(crate) fn wait_until(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `GET path` over HTTP/1.0 on loopback or another address of this namespace: (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path} from {addr}: no HTTP head in {response:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("GET {path} from {addr}: no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
 }
 
 /// The name the harness queries to learn that an agent serves (a name no test uses, so its

@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use hickory_proto::rr::{RData, RecordType};
-use nodedns_integration::{Agent, Process, TempDir, free_port, have, nodedns_bin};
+use nodedns_integration::{
+    Agent, Process, TempDir, client, free_port, have, http_get, nodedns_bin,
+};
 use stock_node::{
     FROM_NODE_RESOLVER, HEALTH, KUBE_DNS, LOCAL, StockNode, a_answer, queries, udp_queries,
 };
@@ -166,6 +168,68 @@ fn a_loop_through_another_nodedns_stops_the_agent_with_what_to_fix() {
     let back = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let forwarder = Agent::start(&[back]).expect("forwarder starts");
     assert_loop_stops_the_agent(&dir, port, forwarder.addr());
+}
+
+#[test]
+fn a_reload_into_a_loop_is_undone_and_the_previous_upstream_serves_again() {
+    let Some(knot) = nodedns_integration::knot::cluster_local_or_skip() else {
+        return;
+    };
+    let dir = TempDir::new("nodedns-loop-reload").unwrap();
+    let port = free_port().unwrap();
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
+    let corefile = |upstream: SocketAddr| {
+        format!(
+            ".:{port} {{\n    bind 127.0.0.1\n    loop\n    prometheus {admin}\n    \
+             forward . {upstream}\n}}\n"
+        )
+    };
+    let path = dir.path().join("Corefile");
+    std::fs::write(&path, corefile(knot.addr())).unwrap();
+    let resolv_conf = dir.path().join("resolv.conf");
+    std::fs::write(&resolv_conf, "nameserver 192.0.2.53\n").unwrap();
+    let mut command = Command::new(nodedns_bin());
+    command
+        .arg("run")
+        .arg("--conf")
+        .arg(&path)
+        .arg("--resolv-conf")
+        .arg(&resolv_conf)
+        .arg("--no-setup")
+        .env_remove("NODEDNS_HANDOFF_DIR");
+    let mut agent = Process::spawn("nodedns", command).expect("spawn nodedns");
+    let limit = Duration::from_secs(40);
+    agent
+        .wait_output("loop check: no forwarding loop", limit)
+        .unwrap();
+
+    // The new file forwards `.` to another agent that forwards everything back here.
+    let forwarder = Agent::start(&[dns]).expect("forwarder starts");
+    std::fs::write(&path, corefile(forwarder.addr())).unwrap();
+    agent.wait_output("configuration reloaded", limit).unwrap();
+    agent.wait_output("The reload is undone", limit).unwrap();
+    let output = agent.output();
+    let verdict = format!(
+        "forwarding loop detected: zone `.` forwards to {}, which forwards back to nodedns",
+        forwarder.addr()
+    );
+    assert!(output.contains(&verdict), "{output}");
+    assert!(agent.exited().is_none(), "{output}");
+
+    // Knot answers again, through this agent, a name nobody asked before (not from a cache).
+    let reply = client::udp_blocking(
+        dns,
+        &client::query("kubernetes.default.svc.cluster.local.", RecordType::A),
+        Duration::from_secs(3),
+    );
+    assert_eq!(a_answer(&reply), Ok(vec![Ipv4Addr::new(10, 96, 0, 1)]));
+    let (status, metrics) = http_get(admin, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("\ncoredns_reload_failed_total 1\n"),
+        "counted as a refused reload:\n{metrics}"
+    );
 }
 
 #[test]

@@ -212,16 +212,26 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
         });
     }
 
-    // The `loop` directive: probe each zone once for a forwarding loop. The task ends only with
-    // a verdict; a loop stops the agent (serve::loopcheck).
+    // The `loop` directive (serve::loopcheck): the zones of the configuration at start are
+    // probed for a forwarding loop, and those of every configuration a reload applies. A loop at
+    // start stops the agent: the task ends only with that verdict. A loop in a reloaded
+    // configuration undoes the reload, as any other bad configuration is refused.
+    let (applied_tx, mut applied_rx) = mpsc::unbounded_channel::<Applied>();
     let mut loop_check = {
         let shared = shared.clone();
-        let targets = serve::loopcheck::targets(&shared.snapshot.load());
+        let host_metrics = host_metrics.clone();
         tokio::spawn(async move {
-            match serve::loopcheck::check(&shared.loops, targets).await {
-                Some(found) => found,
-                None => std::future::pending().await,
+            let targets = serve::loopcheck::targets(&shared.snapshot.load());
+            if let Some(found) = serve::loopcheck::check(&shared.loops, targets).await {
+                return found;
             }
+            while let Some(applied) = applied_rx.recv().await {
+                let targets = serve::loopcheck::targets(&applied.current);
+                if let Some(found) = serve::loopcheck::check(&shared.loops, targets).await {
+                    undo_reload(&shared, &host_metrics, applied, &found);
+                }
+            }
+            std::future::pending().await
         })
     };
     let mut looped = None;
@@ -236,7 +246,12 @@ pub async fn run(args: RunArgs, config: Config, log: Arc<logging::Handle>) -> an
         let host_metrics = host_metrics.clone();
         tokio::spawn(async move {
             while reload_rx.recv().await.is_some() {
-                reload(&shared, &args_config, &upstream_metrics, &host_metrics);
+                if let Some(applied) =
+                    reload(&shared, &args_config, &upstream_metrics, &host_metrics)
+                {
+                    // Only the loop check's end closes the channel.
+                    let _ = applied_tx.send(applied);
+                }
             }
         });
     }
@@ -384,22 +399,18 @@ fn reload(
     args: &config::ConfigArgs,
     upstream_metrics: &nodedns_upstream::Metrics,
     host_metrics: &nodedns_hostnet::Metrics,
-) {
-    let failed = || {
-        shared.metrics.reload_failed();
-        host_metrics.setup_error(nodedns_hostnet::ErrorKind::Configmap);
-    };
+) -> Option<Applied> {
     let current = shared.snapshot.load_full();
     let config = match config::load(args) {
         Ok(config) => config,
         Err(err) => {
-            failed();
+            reload_failed(shared, host_metrics);
             tracing::error!(%err, "reload failed; keeping the running configuration");
-            return;
+            return None;
         }
     };
     if config == *current.config {
-        return;
+        return None;
     }
     log_warnings(&config);
     for change in current.config.restart_needed(&config) {
@@ -412,14 +423,51 @@ fn reload(
         &shared.metrics,
     ) {
         Ok(snapshot) => {
-            shared.snapshot.store(Arc::new(snapshot));
+            let snapshot = Arc::new(snapshot);
+            shared.snapshot.store(snapshot.clone());
             tracing::info!("configuration reloaded");
+            Some(Applied {
+                previous: current,
+                current: snapshot,
+            })
         }
         Err(err) => {
-            failed();
+            reload_failed(shared, host_metrics);
             tracing::error!(err = %format!("{err:#}"), "reload failed; keeping the running configuration");
+            None
         }
     }
+}
+
+/// A configuration a reload applied, and the one it replaced.
+struct Applied {
+    previous: Arc<Snapshot>,
+    current: Arc<Snapshot>,
+}
+
+/// A bad configuration was refused: counted as node-cache and CoreDNS count it.
+fn reload_failed(shared: &Shared, host_metrics: &nodedns_hostnet::Metrics) {
+    shared.metrics.reload_failed();
+    host_metrics.setup_error(nodedns_hostnet::ErrorKind::Configmap);
+}
+
+/// The loop check found `found` in the configuration `applied` put in place: the one it replaced
+/// serves again, unless a later reload replaced it already (that one is checked in turn).
+fn undo_reload(
+    shared: &Shared,
+    host_metrics: &nodedns_hostnet::Metrics,
+    applied: Applied,
+    found: &serve::loopcheck::Loop,
+) {
+    let was = shared
+        .snapshot
+        .compare_and_swap(&applied.current, applied.previous);
+    if !Arc::ptr_eq(&was, &applied.current) {
+        tracing::error!("{found}. A later reload replaced that configuration already");
+        return;
+    }
+    reload_failed(shared, host_metrics);
+    tracing::error!("{found}. The reload is undone: the previous configuration serves again");
 }
 
 /// Settings that were accepted but mean something slightly different here, once per load.

@@ -18,11 +18,14 @@
 //! once its exchange timed out, and it may cache it for a few seconds (CoreDNS and nodedns keep
 //! an upstream SERVFAIL 5 s), so the retries go on until that expires and the probe circles
 //! again. Once every probe has been answered, arrivals are still watched for
-//! [`GRACE`], then the check ends: a configuration applied by a later reload is not probed.
+//! [`GRACE`], then the check ends.
 //!
-//! A verdict stops the agent: the caller logs it, shuts down in the usual order (the host rules
-//! are withdrawn, so pods fall back to the cluster DNS) and exits with status 1, as CoreDNS exits
-//! on `loop`'s fatal error. A check whose upstreams never answered within 30 s ends without one.
+//! The caller runs a check at start and after every reload that applied a configuration. A
+//! verdict at start stops the agent: the caller logs it, shuts down in the usual order (the host
+//! rules are withdrawn, so pods fall back to the cluster DNS) and exits with status 1, as CoreDNS
+//! exits on `loop`'s fatal error. A verdict after a reload undoes the reload (the previous
+//! configuration serves again, and the failure is counted as any refused reload is). A check
+//! whose upstreams never answered within 30 s ends without one.
 
 use std::fmt;
 use std::net::SocketAddr;
