@@ -55,7 +55,7 @@ pub(crate) struct Ctx<'a> {
     /// Port of blocks whose keys name none (CoreDNS `-dns.port`).
     pub dns_port: u16,
     pub resolv_conf_path: &'a Path,
-    pub resolv_conf: &'a str,
+    pub resolv_conf: Option<&'a str>,
     /// Lines where `__PILLAR__UPSTREAM__SERVERS__` stood.
     pub upstream_lines: &'a BTreeSet<usize>,
     /// kube-dns `upstreamNameservers`, when set: a `forward` filled from the pillar goes over UDP.

@@ -199,8 +199,9 @@ pub struct Inputs {
     /// The process environment: `{$NAME}` in the Corefile and the `-upstreamsvc` Service's
     /// `*_SERVICE_HOST`.
     pub env: HashMap<String, String>,
-    /// Contents of `--resolv-conf`.
-    pub resolv_conf: String,
+    /// Contents of `--resolv-conf`; `None` when there is no such file (an error only where a
+    /// configuration takes upstream servers from it).
+    pub resolv_conf: Option<String>,
     /// The kube-dns ConfigMap, when its directory is mounted.
     pub kubedns: Option<KubeDns>,
 }
@@ -262,11 +263,18 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 
 /// A ConfigMap key: `None` when the file is absent.
 fn read_key(dir: &Path, key: &str) -> Result<Option<String>, ConfigError> {
-    let path = dir.join(key);
-    match std::fs::read_to_string(&path) {
+    read_if_present(&dir.join(key))
+}
+
+/// `None` when the file does not exist.
+fn read_if_present(path: &Path) -> Result<Option<String>, ConfigError> {
+    match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(ConfigError::Read { path, source }),
+        Err(source) => Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -294,7 +302,7 @@ pub fn read_inputs(args: &ConfigArgs) -> Result<Inputs, ConfigError> {
     Ok(Inputs {
         corefile,
         env: std::env::vars().collect(),
-        resolv_conf: read(&args.resolv_conf)?,
+        resolv_conf: read_if_present(&args.resolv_conf)?,
         kubedns,
     })
 }
@@ -436,7 +444,7 @@ fn corefile_layout(
         file: &file,
         dns_port: args.dns_port,
         resolv_conf_path: &args.resolv_conf,
-        resolv_conf: &inputs.resolv_conf,
+        resolv_conf: inputs.resolv_conf.as_deref(),
         upstream_lines: &rendered.upstream_lines,
         kube_upstreams: kube.upstreams.is_some(),
     };
@@ -490,7 +498,7 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
     };
     let (addrs, transport) = if args.upstream.is_empty() {
         let file = args.resolv_conf.display().to_string();
-        match template::node_resolvers(&file, &inputs.resolv_conf) {
+        match template::node_resolvers(&file, inputs.resolv_conf.as_deref()) {
             Ok(addrs) => (addrs, Transport::PreferUdp),
             Err(p) => {
                 problems.extend(p);

@@ -197,7 +197,19 @@ pub(crate) fn resolv_nameservers(file: &str, text: &str) -> Result<Vec<IpAddr>, 
 /// names a stub on the node itself (systemd-resolved's 127.0.0.53, a local dnsmasq) hands
 /// nodedns's queries to a resolver that may itself forward to the cluster DNS or to nodedns, and
 /// in any case is not the upstream node-cache's users mean.
-pub(crate) fn node_resolvers(file: &str, text: &str) -> Result<Vec<SocketAddr>, Vec<Problem>> {
+pub(crate) fn node_resolvers(
+    file: &str,
+    text: Option<&str>,
+) -> Result<Vec<SocketAddr>, Vec<Problem>> {
+    let Some(text) = text else {
+        return Err(vec![Problem::in_file(
+            file,
+            "does not exist: the upstream servers are taken from it here. Mount the node's \
+             resolv.conf there (dnsPolicy: Default does), point --resolv-conf at it, or name the \
+             upstreams (--upstream, or the Corefile's forward)"
+                .to_owned(),
+        )]);
+    };
     let ips = resolv_nameservers(file, text)?;
     let stubs: Vec<String> = ips
         .iter()
@@ -382,15 +394,18 @@ mod tests {
     }
     #[test]
     fn a_resolv_conf_naming_a_local_stub_is_refused_with_what_to_fix() {
-        let errs = node_resolvers("/etc/resolv.conf", "nameserver 127.0.0.53\noptions edns0\n")
-            .unwrap_err();
+        let errs = node_resolvers(
+            "/etc/resolv.conf",
+            Some("nameserver 127.0.0.53\noptions edns0\n"),
+        )
+        .unwrap_err();
         let msg = errs[0].to_string();
         assert!(
             msg.starts_with("/etc/resolv.conf: names 127.0.0.53"),
             "{msg}"
         );
         assert!(msg.contains("/run/systemd/resolve/resolv.conf"), "{msg}");
-        let ok = node_resolvers("/r", "nameserver 10.0.0.2\n").unwrap();
+        let ok = node_resolvers("/r", Some("nameserver 10.0.0.2\n")).unwrap();
         assert_eq!(ok, ["10.0.0.2:53".parse::<SocketAddr>().unwrap()]);
     }
 }

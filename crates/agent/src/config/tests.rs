@@ -91,7 +91,7 @@ fn inputs(corefile: &str) -> Inputs {
     Inputs {
         corefile: Some((PathBuf::from("Corefile"), corefile.to_owned())),
         env: stock_env(),
-        resolv_conf: format!("nameserver {NODE_RESOLVER}\n"),
+        resolv_conf: Some(format!("nameserver {NODE_RESOLVER}\n")),
         kubedns: None,
     }
 }
@@ -937,7 +937,7 @@ fn health_port_and_metrics_flags_beside_a_corefile() {
 
 fn cli_inputs(resolv: &str) -> Inputs {
     Inputs {
-        resolv_conf: resolv.to_owned(),
+        resolv_conf: Some(resolv.to_owned()),
         ..Inputs::default()
     }
 }
@@ -1108,6 +1108,35 @@ fn forwarding_to_the_intercepted_kube_dns_service_is_refused() {
 }
 
 #[test]
+fn a_missing_resolv_conf_is_an_error_only_where_upstreams_come_from_it() {
+    let mut none = cli_inputs("");
+    none.resolv_conf = None;
+    // Upstreams named on the command line: the file is not needed.
+    let config = build(&cli(&["--upstream", "10.0.0.9"]), &none).expect("no resolv.conf needed");
+    assert_eq!(
+        config.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        vec!["10.0.0.9:53".parse().unwrap()]
+    );
+    // Taken from it: an error naming the file and what to do.
+    let errs = build(&cli(&[]), &none).map_err(messages).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with("/etc/resolv.conf: does not exist") && errs[0].contains("--upstream"),
+        "{}",
+        errs[0]
+    );
+    // The stock Corefile's `.` block forwards to it (__PILLAR__UPSTREAM__SERVERS__).
+    let mut i = inputs(&stock_corefile_after_install());
+    i.resolv_conf = None;
+    let errs = build(&stock_args(), &i).map_err(messages).unwrap_err();
+    assert!(
+        errs[0].starts_with("Corefile:44: forward: cannot use the nameservers of /etc/resolv.conf"),
+        "{errs:#?}"
+    );
+    assert!(errs[1].contains("does not exist"), "{errs:#?}");
+}
+
+#[test]
 fn a_resolv_conf_with_a_loopback_stub_is_refused_where_it_is_used() {
     let stub = "nameserver 127.0.0.53\n";
     let errs = build(&cli(&[]), &cli_inputs(stub))
@@ -1125,7 +1154,7 @@ fn a_resolv_conf_with_a_loopback_stub_is_refused_where_it_is_used() {
         errs[0]
     );
     let mut i = inputs(&stock_corefile_after_install());
-    i.resolv_conf = stub.to_owned();
+    i.resolv_conf = Some(stub.to_owned());
     let errs = build(&stock_args(), &i).map_err(messages).unwrap_err();
     assert_eq!(errs.len(), 2, "{errs:#?}");
     assert!(
@@ -1187,7 +1216,7 @@ fn stub_domains_become_blocks_like_node_cache_appends() {
 fn upstream_nameservers_replace_the_root_upstreams_over_udp() {
     // The node's resolv.conf is not read at all then, so its stub does not matter.
     let mut i = inputs(&stock_corefile_after_install());
-    i.resolv_conf = "nameserver 127.0.0.53\n".to_owned();
+    i.resolv_conf = Some("nameserver 127.0.0.53\n".to_owned());
     let i = with_kubedns(i, None, Some(r#"["8.8.8.8", "8.8.4.4"]"#));
     let c = build(&stock_args(), &i).unwrap();
     let root = c.servers[3].forward.as_ref().unwrap();
