@@ -121,31 +121,36 @@ fn stock_corefile_routes_each_zone_to_its_upstream() {
 }
 
 /// The Corefile of an agent on 127.0.0.1:`port` that checks for loops and forwards `.` to
-/// `upstream`.
-fn looping_corefile(dir: &TempDir, port: u16, upstream: SocketAddr) -> std::path::PathBuf {
-    let path = dir.path().join("Corefile");
-    let text = format!(".:{port} {{\n    bind 127.0.0.1\n    loop\n    forward . {upstream}\n}}\n");
-    std::fs::write(&path, text).unwrap();
-    path
+/// `upstream`, with the `extra` directives.
+fn looping_corefile(port: u16, upstream: SocketAddr, extra: &str) -> String {
+    format!(".:{port} {{\n    bind 127.0.0.1\n    loop\n{extra}    forward . {upstream}\n}}\n")
 }
 
-/// Starts the agent of [`looping_corefile`] and returns its output once it exited (at most
-/// 40 s: the check retries for up to 30 s), asserting that it served first and then exited with
-/// status 1 and the verdict.
-fn assert_loop_stops_the_agent(dir: &TempDir, port: u16, forwarder: SocketAddr) {
-    let corefile = looping_corefile(dir, port, forwarder);
+/// Writes `corefile` into `dir` and starts `nodedns run --conf` on it, without host setup and
+/// with a resolv.conf naming a documentation address. Returns the agent and the file's path.
+fn spawn_with_corefile(dir: &TempDir, corefile: &str) -> (Process, std::path::PathBuf) {
+    let path = dir.path().join("Corefile");
+    std::fs::write(&path, corefile).unwrap();
     let resolv_conf = dir.path().join("resolv.conf");
     std::fs::write(&resolv_conf, "nameserver 192.0.2.53\n").unwrap();
     let mut command = Command::new(nodedns_bin());
     command
         .arg("run")
         .arg("--conf")
-        .arg(&corefile)
+        .arg(&path)
         .arg("--resolv-conf")
         .arg(&resolv_conf)
         .arg("--no-setup")
         .env_remove("NODEDNS_HANDOFF_DIR");
-    let mut agent = Process::spawn("nodedns", command).expect("spawn nodedns");
+    let agent = Process::spawn("nodedns", command).expect("spawn nodedns");
+    (agent, path)
+}
+
+/// Starts the agent of [`looping_corefile`] and returns its output once it exited (at most
+/// 40 s: the check retries for up to 30 s), asserting that it served first and then exited with
+/// status 1 and the verdict.
+fn assert_loop_stops_the_agent(dir: &TempDir, port: u16, forwarder: SocketAddr) {
+    let (mut agent, _) = spawn_with_corefile(dir, &looping_corefile(port, forwarder, ""));
     let status = agent
         .wait_timeout(Duration::from_secs(40))
         .unwrap_or_else(|| panic!("still running with a loop:\n{}", agent.output()));
@@ -179,26 +184,9 @@ fn a_reload_into_a_loop_is_undone_and_the_previous_upstream_serves_again() {
     let port = free_port().unwrap();
     let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
-    let corefile = |upstream: SocketAddr| {
-        format!(
-            ".:{port} {{\n    bind 127.0.0.1\n    loop\n    prometheus {admin}\n    \
-             forward . {upstream}\n}}\n"
-        )
-    };
-    let path = dir.path().join("Corefile");
-    std::fs::write(&path, corefile(knot.addr())).unwrap();
-    let resolv_conf = dir.path().join("resolv.conf");
-    std::fs::write(&resolv_conf, "nameserver 192.0.2.53\n").unwrap();
-    let mut command = Command::new(nodedns_bin());
-    command
-        .arg("run")
-        .arg("--conf")
-        .arg(&path)
-        .arg("--resolv-conf")
-        .arg(&resolv_conf)
-        .arg("--no-setup")
-        .env_remove("NODEDNS_HANDOFF_DIR");
-    let mut agent = Process::spawn("nodedns", command).expect("spawn nodedns");
+    let prometheus = format!("    prometheus {admin}\n");
+    let corefile = |upstream| looping_corefile(port, upstream, &prometheus);
+    let (mut agent, path) = spawn_with_corefile(&dir, &corefile(knot.addr()));
     let limit = Duration::from_secs(40);
     agent
         .wait_output("loop check: no forwarding loop", limit)
