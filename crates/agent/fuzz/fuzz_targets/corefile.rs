@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
             ),
             ("NODE_NAME".to_owned(), "fuzz".to_owned()),
         ]),
-        resolv_conf: "nameserver 10.0.0.2\nsearch example.internal\n".to_owned(),
+        resolv_conf: Some("nameserver 10.0.0.2\nsearch example.internal\n".to_owned()),
         kubedns,
     };
     let args = args();

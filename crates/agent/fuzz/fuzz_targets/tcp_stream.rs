@@ -60,7 +60,7 @@ fn world() -> &'static World {
         let inputs = config::Inputs {
             corefile: None,
             env: HashMap::new(),
-            resolv_conf: String::new(),
+            resolv_conf: None,
             kubedns: None,
         };
         let config = Arc::new(config::build(&args, &inputs).expect("a valid configuration"));
