@@ -245,16 +245,7 @@ mod tests {
 
     #[test]
     fn the_default_metrics_address_depends_on_the_mode_and_yields_to_configuration() {
-        let mut config = crate::config::Config {
-            servers: Vec::new(),
-            local_ips: Vec::new(),
-            health: None,
-            lameduck: None,
-            ready: None,
-            metrics: None,
-            reload: None,
-            warnings: Vec::new(),
-        };
+        let mut config = crate::config::Config::default();
         assert_eq!(
             addresses(&config, true).into_iter().collect::<Vec<_>>(),
             [DEFAULT_METRICS_CLI]

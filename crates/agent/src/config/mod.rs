@@ -41,7 +41,8 @@ use directives::Placed;
 use nodedns_upstream::Transport;
 
 /// A complete, validated configuration. The agent publishes it as one immutable snapshot.
-#[derive(Debug, Clone, PartialEq)]
+/// (`Default`: no server block, nothing set.)
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Config {
     /// Server blocks, in file order; kube-dns stub domains last.
     pub servers: Vec<Server>,

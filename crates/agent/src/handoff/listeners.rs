@@ -298,17 +298,7 @@ impl Generation {
 mod tests {
     use super::*;
 
-    fn loopback() -> SocketAddr {
-        // A port free for UDP and TCP alike.
-        for _ in 0..64 {
-            let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = tcp.local_addr().unwrap();
-            if std::net::UdpSocket::bind(addr).is_ok() {
-                return addr;
-            }
-        }
-        panic!("no free port");
-    }
+    use crate::handoff::tests::free_addr as loopback;
 
     #[tokio::test]
     async fn open_binds_threads_udp_sockets_a_tcp_and_an_admin_listener() {

@@ -28,7 +28,8 @@ impl Drop for Dir {
     }
 }
 
-fn free_addr() -> SocketAddr {
+/// A loopback address whose port is free for UDP and TCP alike.
+pub(super) fn free_addr() -> SocketAddr {
     for _ in 0..64 {
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = tcp.local_addr().unwrap();

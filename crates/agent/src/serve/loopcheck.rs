@@ -552,13 +552,7 @@ mod tests {
                 server(&["cluster.local."], &[], false),
                 server(&["."], &[], true),
             ],
-            local_ips: Vec::new(),
-            health: None,
-            lameduck: None,
-            ready: None,
-            metrics: None,
-            reload: None,
-            warnings: Vec::new(),
+            ..Default::default()
         };
         let mut registry = prometheus_client::registry::Registry::default();
         let upstream_metrics = nodedns_upstream::Metrics::register(&mut registry);
