@@ -21,8 +21,10 @@ failed=()
 for target in $(cargo fuzz list); do
     mkdir -p "corpus/$target"
     echo "== fuzzing $target for ${seconds}s"
-    # New inputs go to corpus/ (not committed); the committed seeds/ are read only.
-    if ! cargo fuzz run "$target" "corpus/$target" "seeds/$target" -- \
+    # New inputs go to corpus/ (not committed); the committed seeds/ and grown/ (what the
+    # hour-long runs found, minimised) are only read.
+    mkdir -p "grown/$target"
+    if ! cargo fuzz run "$target" "corpus/$target" "seeds/$target" "grown/$target" -- \
         -max_total_time="$seconds" -timeout=10 -print_final_stats=1; then
         failed+=("$target")
     fi

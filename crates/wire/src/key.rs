@@ -1,11 +1,11 @@
-//! Cache keys and the upstream query built from one.
+//! Cache keys, the upstream query built from one, and the health check's query.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use crate::name;
 use crate::octets::{get16, push_opt, set16};
-use crate::{HEADER_LEN, flags};
+use crate::{HEADER_LEN, class, flags, rtype};
 
 /// Longest key: a full-length qname, qtype, qclass and one flags byte.
 pub const KEY_CAP: usize = crate::MAX_NAME_LEN + 5;
@@ -33,9 +33,31 @@ pub(crate) fn flag_bits(dnssec_ok: bool, checking_disabled: bool) -> u8 {
 }
 
 impl Key {
-    /// Builds a key from a question's parts. `qname` must be an uncompressed wire name of at
-    /// most 255 bytes (as [`crate::Query::qname`] returns); a longer one is cut, never a panic.
-    pub(crate) fn new(qname: &[u8], qtype: u16, qclass: u16, flag_bits: u8) -> Key {
+    /// The key of a question: `qname` in wire form (uncompressed, at most 255 bytes, any letter
+    /// case), `qtype`, `qclass`, and whether the query had DO (RFC 3225) and CD (RFC 4035
+    /// §3.2.2) set. `None` if `qname` is not a well-formed uncompressed name.
+    pub fn new(
+        qname: &[u8],
+        qtype: u16,
+        qclass: u16,
+        dnssec_ok: bool,
+        checking_disabled: bool,
+    ) -> Option<Key> {
+        if name::skip_uncompressed(qname, 0).ok()? != qname.len() {
+            return None;
+        }
+        Some(Key::from_parts(
+            qname,
+            qtype,
+            qclass,
+            flag_bits(dnssec_ok, checking_disabled),
+        ))
+    }
+
+    /// Builds a key from a question's parts, unchecked. `qname` must be an uncompressed wire name
+    /// of at most 255 bytes (as [`crate::Query::qname`] returns); a longer one is cut, never a
+    /// panic.
+    pub(crate) fn from_parts(qname: &[u8], qtype: u16, qclass: u16, flag_bits: u8) -> Key {
         let mut buf = [0u8; KEY_CAP];
         let name_len = qname.len().min(crate::MAX_NAME_LEN);
         let (name, rest) = buf.split_at_mut(name_len);
@@ -65,7 +87,7 @@ impl Key {
         let qtype = get16(bytes, name_end)?;
         let qclass = get16(bytes, name_end + 2)?;
         let flag_bits = *bytes.get(name_end + 4)?;
-        Some(Key::new(qname, qtype, qclass, flag_bits))
+        Some(Key::from_parts(qname, qtype, qclass, flag_bits))
     }
 
     /// The key's bytes, in the layout above.
@@ -192,6 +214,35 @@ pub fn build_query(key: &[u8], id: u16, out: &mut Vec<u8>) -> Option<()> {
     Some(())
 }
 
+/// Length of [`root_ns_query`]'s message: the header, the root name, qtype and qclass.
+const ROOT_NS_QUERY_LEN: usize = HEADER_LEN + 5;
+
+/// The query `. IN NS` with ID `id` and RD set, and no OPT: what CoreDNS's `forward` sends as its
+/// health check (any response to it means the upstream is alive).
+pub fn root_ns_query(id: u16) -> [u8; ROOT_NS_QUERY_LEN] {
+    let mut msg = [0u8; ROOT_NS_QUERY_LEN];
+    set16(&mut msg, 0, id);
+    set16(&mut msg, 2, flags::RD);
+    set16(&mut msg, 4, 1); // QDCOUNT
+    // msg[HEADER_LEN] = 0: the root name.
+    set16(&mut msg, HEADER_LEN + 1, rtype::NS);
+    set16(&mut msg, HEADER_LEN + 3, class::IN);
+    msg
+}
+
+/// The query `QNAME IN NS` with ID `id`, RD set when `rd`, and no OPT: CoreDNS's `forward`
+/// health check with its `domain` and `no_rec` options (`qname` in wire form, uncompressed).
+pub fn ns_query(id: u16, qname: &[u8], rd: bool) -> Vec<u8> {
+    let mut msg = vec![0u8; HEADER_LEN];
+    set16(&mut msg, 0, id);
+    set16(&mut msg, 2, if rd { flags::RD } else { 0 });
+    set16(&mut msg, 4, 1); // QDCOUNT
+    msg.extend_from_slice(qname);
+    msg.extend_from_slice(&rtype::NS.to_be_bytes());
+    msg.extend_from_slice(&class::IN.to_be_bytes());
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use hickory_proto::op::MessageType;
@@ -201,7 +252,7 @@ mod tests {
     use crate::testutil::{decode, name};
 
     fn key(qname: &[u8], flag_bits: u8) -> Key {
-        Key::new(qname, rtype_a(), 1, flag_bits)
+        Key::from_parts(qname, rtype_a(), 1, flag_bits)
     }
 
     fn rtype_a() -> u16 {
@@ -293,5 +344,66 @@ mod tests {
         assert_eq!(key.as_bytes().len(), KEY_CAP);
         assert_eq!(key.qname(), &qname[..]);
         assert!(key.dnssec_ok());
+    }
+
+    #[test]
+    fn the_public_constructor_builds_what_a_parsed_query_does() {
+        let msg = crate::testutil::encode(&crate::testutil::query_message(
+            9,
+            "WwW.Example.",
+            RecordType::HINFO,
+            Some((1232, true)),
+        ));
+        let parsed = crate::Query::parse(&msg).unwrap().key();
+        let built = Key::new(
+            b"\x03WwW\x07Example\x00",
+            rtype::HINFO,
+            class::IN,
+            true,
+            false,
+        )
+        .expect("a well-formed name");
+        assert_eq!(built, parsed);
+        assert_eq!(built.qname(), b"\x03www\x07example\x00");
+        assert!(built.dnssec_ok() && !built.checking_disabled());
+        let cd = Key::new(b"\x00", rtype::NS, class::IN, false, true).unwrap();
+        assert!(!cd.dnssec_ok() && cd.checking_disabled());
+    }
+
+    #[test]
+    fn the_public_constructor_rejects_what_is_not_one_uncompressed_name() {
+        for bad in [
+            &b""[..],
+            b"\x03www",
+            b"\x03www\x00\x00",
+            b"\xc0\x0c",
+            b"\x03www\xc0\x0c",
+        ] {
+            assert!(Key::new(bad, 1, 1, false, false).is_none(), "{bad:02x?}");
+        }
+        let mut long = Vec::new();
+        for _ in 0..5 {
+            long.push(63);
+            long.extend([b'x'; 63]);
+        }
+        long.push(0);
+        assert!(
+            Key::new(&long, 1, 1, false, false).is_none(),
+            "over 255 bytes"
+        );
+    }
+
+    #[test]
+    fn root_ns_query_is_what_coredns_sends_as_a_health_check() {
+        let msg = decode(&root_ns_query(0x1234));
+        assert_eq!(msg.metadata.id, 0x1234);
+        assert_eq!(msg.metadata.message_type, MessageType::Query);
+        assert!(msg.metadata.recursion_desired);
+        assert_eq!(msg.queries.len(), 1);
+        assert!(msg.queries[0].name().is_root());
+        assert_eq!(msg.queries[0].query_type(), RecordType::NS);
+        assert_eq!(msg.queries[0].query_class(), DNSClass::IN);
+        assert!(msg.edns.is_none());
+        assert!(msg.additionals.is_empty());
     }
 }

@@ -29,6 +29,26 @@ pub(crate) enum NameError {
     Truncated,
 }
 
+/// Whether the uncompressed wire name `name` is `zone` or below it (both lowercase, as in cache
+/// keys): `zone` is a suffix of `name` that starts at a label boundary. A malformed `name` is
+/// under nothing.
+pub fn is_subdomain(name: &[u8], zone: &[u8]) -> bool {
+    if !name.ends_with(zone) {
+        return false;
+    }
+    let mut at = 0;
+    while let Some(rest) = name.get(at..) {
+        if rest.len() == zone.len() {
+            return true;
+        }
+        match rest.first() {
+            Some(&len) if len != 0 && len & 0xC0 == 0 => at += 1 + usize::from(len),
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Walks an uncompressed name starting at `start` (a question name: RFC 1035 §4.1.4 allows
 /// pointers only to a prior occurrence, and nothing in a message precedes the question's name).
 /// Returns the offset just past the root label.
@@ -121,6 +141,19 @@ fn overlaps(fields: &[u16], from: usize, to: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn is_subdomain_needs_a_label_boundary() {
+        let example = b"\x07example\x03com\x00";
+        assert!(is_subdomain(b"\x03www\x07example\x03com\x00", example));
+        assert!(is_subdomain(example, example));
+        assert!(is_subdomain(example, b"\x00"));
+        assert!(!is_subdomain(b"\x0abadexample\x03com\x00", example));
+        assert!(!is_subdomain(b"\x03com\x00", example));
+        // A label that runs past the end, or a pointer, is under nothing.
+        assert!(!is_subdomain(b"\x3fexample\x03com\x00", b"\x03com\x00"));
+        assert!(!is_subdomain(b"\xc0\x0c\x07example\x03com\x00", example));
+    }
 
     /// `example.com.` in wire form.
     const EXAMPLE: &[u8] = b"\x07example\x03com\x00";

@@ -115,13 +115,20 @@ fn upstream() -> impl Strategy<Value = Upstream> {
             records(zone.clone(), 6),
             records(zone.clone(), 4),
             records(zone, 4),
-            (0u8..=5, any::<bool>(), any::<bool>(), any::<bool>()),
+            (
+                0u8..=5,
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+            ),
             prop::option::of(any::<bool>()),
         )
             .prop_map(
                 |(qname, id, qtype, answers, authorities, additionals, flags, opt)| {
-                    let (rcode, ad, tc, cd) = flags;
+                    let (rcode, aa, ad, tc, cd) = flags;
                     let mut msg = Message::new(id, MessageType::Response, OpCode::Query);
+                    msg.metadata.authoritative = aa;
                     msg.metadata.recursion_desired = true;
                     msg.metadata.recursion_available = true;
                     msg.metadata.authentic_data = ad;
@@ -183,9 +190,35 @@ fn sane(ttl: u32) -> u32 {
     if ttl > i32::MAX as u32 { 0 } else { ttl }
 }
 
-fn limit() -> impl Strategy<Value = Option<usize>> {
-    // None: the client's UDP limit.
-    prop_oneof![Just(None), Just(Some(65535)), (0usize..2000).prop_map(Some)]
+/// `msg` with only its first `kept` records, counted in message order (answer, authority,
+/// additional).
+fn prefix(msg: &Message, kept: usize) -> Message {
+    let mut cut = msg.clone();
+    let answers = kept.min(cut.answers.len());
+    cut.answers.truncate(answers);
+    let authorities = (kept - answers).min(cut.authorities.len());
+    cut.authorities.truncate(authorities);
+    cut.additionals.truncate(kept - answers - authorities);
+    cut
+}
+
+/// The size an answer must fit in.
+#[derive(Debug, Clone)]
+enum Limit {
+    /// The client's UDP limit.
+    Client,
+    Bytes(usize),
+    /// A size up to the whole answer's, so that every cut point is reached.
+    Within(prop::sample::Index),
+}
+
+fn limit() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        1 => Just(Limit::Client),
+        1 => Just(Limit::Bytes(65535)),
+        1 => (0usize..2000).prop_map(Limit::Bytes),
+        2 => any::<prop::sample::Index>().prop_map(Limit::Within),
+    ]
 }
 
 proptest! {
@@ -197,7 +230,9 @@ proptest! {
         client in client(),
         age in prop_oneof![0u32..1000, any::<u32>()],
         cap in prop_oneof![0u32..100_000, any::<u32>()],
+        floor in prop_oneof![Just(0u32), 0u32..100],
         limit in limit(),
+        relayed in any::<bool>(),
     ) {
         let original = &upstream.msg;
         let bytes = encode(original);
@@ -226,18 +261,30 @@ proptest! {
         let query_bytes = encode(&query_msg);
         let query = Query::parse(&query_bytes).unwrap();
         prop_assert_eq!(Key::from_bytes(query.key().as_bytes()), Some(query.key()));
-        let limit = limit.unwrap_or(query.udp_limit());
-        let ttl = TtlRule { age, cap };
+        let opt_len = if client.edns.is_some() { 11 } else { 0 };
+        let limit = match limit {
+            Limit::Client => query.udp_limit(),
+            Limit::Bytes(n) => n,
+            Limit::Within(at) => at.index(reply.bytes().len() + opt_len + 1),
+        };
+        let ttl = TtlRule { age, cap, floor };
         let mut out = Vec::new();
-        reply.write_answer(&query, ttl, limit, &mut out);
+        if relayed {
+            reply.write_relayed(&query, ttl, limit, &mut out);
+        } else {
+            reply.write_answer(&query, ttl, limit, &mut out);
+        }
         let served = decode(&out);
 
-        let opt_len = if client.edns.is_some() { 11 } else { 0 };
         let cut = reply.bytes().len() + opt_len > limit;
         prop_assert_eq!(served.metadata.id, client.id);
         prop_assert_eq!(served.metadata.message_type, MessageType::Response);
         prop_assert_eq!(served.metadata.recursion_desired, client.rd);
-        prop_assert!(served.metadata.authoritative);
+        // AA: set on what the cache serves (as CoreDNS's cache does), the upstream's when relayed.
+        prop_assert_eq!(
+            served.metadata.authoritative,
+            !relayed || original.metadata.authoritative
+        );
         prop_assert_eq!(served.metadata.truncation, original.metadata.truncation || cut);
         prop_assert_eq!(served.metadata.recursion_available, original.metadata.recursion_available);
         prop_assert_eq!(served.metadata.authentic_data, original.metadata.authentic_data);
@@ -257,26 +304,37 @@ proptest! {
             (asked, got) => prop_assert!(false, "OPT asked {:?}, got {:?}", asked, got),
         }
 
-        if cut {
-            prop_assert_eq!(out.len(), HEADER_LEN + query.question().len() + opt_len);
-            prop_assert!(served.answers.is_empty());
-            prop_assert!(served.authorities.is_empty());
-            prop_assert!(served.additionals.is_empty());
+        // What is kept: the longest prefix of the records, in message order, that hickory's
+        // own encoding of it (the reply without OPT, cut to that prefix) fits in the limit
+        // beside the OPT; none at all if not even the question fits.
+        let total = without_opt.answers.len() + without_opt.authorities.len()
+            + without_opt.additionals.len();
+        let kept = if cut {
+            (0..total)
+                .rev()
+                .find(|&k| encode(&prefix(&without_opt, k)).len() + opt_len <= limit)
+                .unwrap_or(0)
         } else {
-            prop_assert_eq!(out.len(), reply.bytes().len() + opt_len);
-            let patch = |records: &[Record]| -> Vec<Record> {
-                records
-                    .iter()
-                    .map(|r| {
-                        let mut r = r.clone();
-                        r.ttl = r.ttl.saturating_sub(age).min(cap);
-                        r
-                    })
-                    .collect()
-            };
-            prop_assert_eq!(served.answers, patch(&original.answers));
-            prop_assert_eq!(served.authorities, patch(&original.authorities));
-            prop_assert_eq!(served.additionals, patch(&original.additionals));
+            total
+        };
+        let expected = prefix(&without_opt, kept);
+        prop_assert_eq!(out.len(), encode(&expected).len() + opt_len);
+        let patch = |records: &[Record]| -> Vec<Record> {
+            records
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.ttl = r.ttl.saturating_sub(age).min(cap).max(floor);
+                    r
+                })
+                .collect()
+        };
+        prop_assert_eq!(served.answers, patch(&expected.answers));
+        prop_assert_eq!(served.authorities, patch(&expected.authorities));
+        prop_assert_eq!(served.additionals, patch(&expected.additionals));
+        if cut && out.len() > limit {
+            // Only the header and question (and OPT) are written beyond the limit.
+            prop_assert_eq!(kept, 0);
         }
     }
 
@@ -407,7 +465,7 @@ fn exercise(bytes: &[u8]) {
         ));
         let query = query.unwrap_or_else(|_| Query::parse(&fallback).unwrap());
         for limit in [0, 512, 65535] {
-            reply.write_answer(&query, TtlRule { age: 7, cap: 300 }, limit, &mut out);
+            reply.write_answer(&query, TtlRule::fresh(7, 300), limit, &mut out);
             assert!(Reply::parse(&out).is_ok() || out.len() > 65535);
         }
     }
@@ -443,10 +501,7 @@ fn knot_replies_are_served_as_hickory_reads_them() {
         let mut out = Vec::new();
         reply.write_answer(
             &query,
-            TtlRule {
-                age: 1,
-                cap: u32::MAX,
-            },
+            TtlRule::fresh(1, u32::MAX),
             query.udp_limit(),
             &mut out,
         );
@@ -526,16 +581,11 @@ fn knot_reply_too_big_for_udp_is_cut_for_a_plain_client() {
     let reply = Reply::parse(whole).unwrap();
     let query = Query::parse(query).unwrap();
     let mut out = Vec::new();
-    reply.write_answer(
-        &query,
-        TtlRule { age: 0, cap: 30 },
-        query.udp_limit(),
-        &mut out,
-    );
+    reply.write_answer(&query, TtlRule::fresh(0, 30), query.udp_limit(), &mut out);
     let served = decode(&out);
     assert!(served.metadata.truncation);
     assert!(served.answers.is_empty());
-    reply.write_answer(&query, TtlRule { age: 0, cap: 30 }, 65535, &mut out);
+    reply.write_answer(&query, TtlRule::fresh(0, 30), 65535, &mut out);
     let served = decode(&out);
     assert!(!served.metadata.truncation);
     assert_eq!(served.answers.len(), 1);

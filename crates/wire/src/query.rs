@@ -39,7 +39,8 @@ pub enum ParseError {
     /// An opcode other than QUERY (RFC 1035 §4.1.1). Answer NOTIMP.
     #[error("opcode {0} not implemented")]
     Opcode(u8),
-    /// QDCOUNT is not 1, or ANCOUNT/NSCOUNT are not 0 (RFC 1035 §4.1.2; RFC 9619). Answer FORMERR.
+    /// QDCOUNT is not 1, ANCOUNT is not 0, or NSCOUNT is not 0 outside an IXFR (RFC 1035
+    /// §4.1.2; RFC 9619; RFC 1995 §3 puts the client's SOA there). Answer FORMERR.
     #[error("question count is not 1")]
     QuestionCount,
     /// The question's name is malformed: a compression pointer, a label over 63 bytes, a name
@@ -81,9 +82,10 @@ impl ParseError {
 pub(crate) const RR_FIXED_LEN: usize = 10;
 
 impl<'a> Query<'a> {
-    /// Parses a query. Accepts exactly one question, no answer or authority records, and in the
-    /// additional section at most one OPT (other records, such as a TSIG, are skipped over but must
-    /// be well-formed). Never panics, never allocates.
+    /// Parses a query. Accepts exactly one question, no answer records, no authority records
+    /// except for an IXFR (the SOA of the version the client holds, RFC 1995 §3: skipped over,
+    /// and must be well-formed), and in the additional section at most one OPT (other records,
+    /// such as a TSIG, are skipped over but must be well-formed). Never panics, never allocates.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, ParseError> {
         // RFC 1035 §4.1.1: the header is 12 bytes; without it there is no ID to answer to.
         let (Some(flags), Some(qdcount), Some(ancount), Some(nscount), Some(arcount)) = (
@@ -102,8 +104,9 @@ impl<'a> Query<'a> {
         if opcode != 0 {
             return Err(ParseError::Opcode(opcode));
         }
-        // RFC 9619: a QUERY carries exactly one question; a query has no answer or authority.
-        if qdcount != 1 || ancount != 0 || nscount != 0 {
+        // RFC 9619: a QUERY carries exactly one question; a query has no answer, and no
+        // authority but an IXFR's SOA.
+        if qdcount != 1 || ancount != 0 {
             return Err(ParseError::QuestionCount);
         }
         let name_end =
@@ -112,12 +115,16 @@ impl<'a> Query<'a> {
         if question_end > bytes.len() {
             return Err(ParseError::Truncated);
         }
+        if nscount != 0 && get16(bytes, name_end) != Some(rtype::IXFR) {
+            return Err(ParseError::QuestionCount);
+        }
 
-        // The additional section: at most one OPT (RFC 6891 §6.1.1: more than one is FORMERR),
-        // anything else (TSIG, a client's stray records) only has to be well-formed.
+        // The authority section (an IXFR's) and the additional section: at most one OPT, in the
+        // additional section (RFC 6891 §6.1.1: more than one is FORMERR); anything else (the
+        // IXFR's SOA, a TSIG, a client's stray records) only has to be well-formed.
         let mut pos = question_end;
         let mut opt = None;
-        for _ in 0..arcount {
+        for index in 0..u32::from(nscount) + u32::from(arcount) {
             let fixed = name::skip(bytes, pos).map_err(|e| match e {
                 NameError::Truncated => ParseError::Truncated,
                 NameError::Malformed => ParseError::BadAdditional,
@@ -133,7 +140,8 @@ impl<'a> Query<'a> {
             }
             if rr_type == rtype::OPT {
                 // RFC 6891 §6.1.2: the OPT's owner name MUST be the root, i.e. one zero byte.
-                if opt.is_some() || fixed != pos + 1 || bytes.get(pos) != Some(&0) {
+                let authority = index < u32::from(nscount);
+                if authority || opt.is_some() || fixed != pos + 1 || bytes.get(pos) != Some(&0) {
                     return Err(ParseError::BadAdditional);
                 }
                 if !options_well_formed(bytes.get(rdata..end).unwrap_or_default()) {
@@ -236,7 +244,7 @@ impl<'a> Query<'a> {
 
     /// The cache key for this query.
     pub fn key(&self) -> Key {
-        Key::new(
+        Key::from_parts(
             self.qname(),
             self.qtype(),
             self.qclass(),
@@ -394,6 +402,52 @@ mod tests {
             bytes[count_at + 1] = 1;
             assert_eq!(Query::parse(&bytes).unwrap_err(), ParseError::QuestionCount);
         }
+    }
+
+    /// An IXFR query carrying, as RFC 1995 §3 says, the SOA of the version the client holds.
+    fn ixfr(with_opt: bool) -> Vec<u8> {
+        let mut msg = query_message(7, "example.com.", RecordType::IXFR, None);
+        let soa = hickory_proto::rr::rdata::SOA::new(
+            name("ns.example.com."),
+            name("hostmaster.example.com."),
+            41,
+            7200,
+            1800,
+            86400,
+            300,
+        );
+        msg.add_authority(hickory_proto::rr::Record::from_rdata(
+            name("example.com."),
+            300,
+            hickory_proto::rr::RData::SOA(soa),
+        ));
+        if with_opt {
+            msg.set_edns(crate::testutil::edns(1232, false));
+        }
+        encode(&msg)
+    }
+
+    #[test]
+    fn an_ixfr_may_carry_its_soa_in_the_authority_section() {
+        for with_opt in [false, true] {
+            let bytes = ixfr(with_opt);
+            let query = Query::parse(&bytes).expect("a well-formed IXFR");
+            assert_eq!(query.qtype(), rtype::IXFR);
+            assert_eq!(query.edns().is_some(), with_opt);
+        }
+        // The same authority in any other query is not allowed.
+        let mut other = ixfr(false);
+        let qtype_at = HEADER_LEN + "\x07example\x03com\x00".len();
+        other[qtype_at..qtype_at + 2].copy_from_slice(&rtype::AXFR.to_be_bytes());
+        assert_eq!(Query::parse(&other).unwrap_err(), ParseError::QuestionCount);
+        // An OPT is not an authority record.
+        let mut opt_in_authority = raw_query(b"\x07example\x03com\x00\x00\xfb\x00\x01");
+        opt_in_authority[header::NSCOUNT + 1] = 1;
+        opt_in_authority.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            Query::parse(&opt_in_authority).unwrap_err(),
+            ParseError::BadAdditional
+        );
     }
 
     /// A query with QDCOUNT 1 and the given raw question bytes.

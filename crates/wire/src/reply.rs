@@ -3,7 +3,7 @@
 use crate::name::{self, NameError};
 use crate::octets::{OPT_LEN, get16, get32, header, push_opt, set16, set32};
 use crate::query::RR_FIXED_LEN;
-use crate::{HEADER_LEN, Query, flags, rtype};
+use crate::{HEADER_LEN, MAX_MESSAGE_LEN, Query, flags, rtype};
 
 /// An upstream reply ready to be served any number of times.
 ///
@@ -14,7 +14,9 @@ use crate::{HEADER_LEN, Query, flags, rtype};
 pub struct Reply {
     bytes: Box<[u8]>,
     /// Offsets of the 32-bit TTL field of every record in the answer, authority and additional
-    /// sections (OPT excluded: its TTL field holds flags, not a TTL).
+    /// sections, in message order (OPT excluded: its TTL field holds flags, not a TTL). Each is
+    /// also where the record's end is found (RDLENGTH follows the TTL), which is all truncation
+    /// needs.
     ttls: Box<[u16]>,
     /// Offset just past the question: `bytes[12..question_end]` is overwritten with the
     /// client's question on every hit.
@@ -65,15 +67,50 @@ pub enum ReplyError {
     TooLarge,
 }
 
-/// How the TTLs of a served copy are computed from the stored ones.
+/// How the TTLs of a served copy are computed from the stored ones: each becomes
+/// `max(min(stored - age, cap), floor)`, the subtraction saturating at 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TtlRule {
     /// Seconds the entry has been in the cache: subtracted from every TTL (saturating at 0).
     pub age: u32,
     /// Upper bound for every TTL after the subtraction: the entry's remaining lifetime, so a TTL
-    /// the cache clamped shorter is never advertised longer (and a stale answer gets RFC 8767's
-    /// 30 s).
+    /// the cache clamped shorter is never advertised longer.
     pub cap: u32,
+    /// Lower bound, applied last. 0 for fresh answers (a record sent with TTL 0 keeps it); the
+    /// stale TTL for stale answers, with `cap` the same, since RFC 8767 §4 gives every record of
+    /// a stale answer that TTL (30 s), a record stored with TTL 0 included.
+    pub floor: u32,
+}
+
+impl TtlRule {
+    /// The stored TTLs unchanged (age 0, no cap, no floor).
+    pub const STORED: TtlRule = TtlRule::fresh(0, u32::MAX);
+
+    /// A fresh entry's rule: `age` seconds in the cache, `remaining` seconds of lifetime left.
+    pub const fn fresh(age: u32, remaining: u32) -> TtlRule {
+        TtlRule {
+            age,
+            cap: remaining,
+            floor: 0,
+        }
+    }
+
+    /// A stale answer's rule: every TTL is `ttl` (RFC 8767 §4).
+    pub const fn stale(ttl: u32) -> TtlRule {
+        TtlRule {
+            age: 0,
+            cap: ttl,
+            floor: ttl,
+        }
+    }
+
+    /// The TTL served for a stored one.
+    fn apply(&self, stored: u32) -> u32 {
+        stored
+            .saturating_sub(self.age)
+            .min(self.cap)
+            .max(self.floor)
+    }
 }
 
 /// Whether two messages carry the same question, names compared case-insensitively
@@ -114,10 +151,12 @@ impl Reply {
     /// Validates and indexes an upstream reply: QR set, exactly one question, every name and
     /// record inside the bytes (compression pointers point backwards, loops rejected), at most
     /// one OPT and only as the last record (it is removed and ARCOUNT lowered), and the first
-    /// authority SOA's RDATA well-formed (its MINIMUM is read). No owner name may point into the
-    /// header or be read from a TTL field, since both are rewritten when the reply is served
-    /// (no real encoder does either). Other RDATA is copied as it is, not interpreted (so a name
-    /// inside, say, a CNAME's RDATA is not checked for that). Never panics.
+    /// authority SOA's RDATA well-formed (its MINIMUM is read). No name may point into the header
+    /// or be read from a TTL field, since both are rewritten when the reply is served (no real
+    /// encoder does either): owner names, and the names inside the RDATA of the types whose
+    /// RDATA names receivers decompress (CNAME, NS, PTR, MX, SOA, SRV, NAPTR, SVCB, ...; see
+    /// [`RdataNames`]), which must also lie within their RDATA. Other RDATA is copied as it is,
+    /// not interpreted. Never panics.
     pub fn parse(bytes: &[u8]) -> Result<Self, ReplyError> {
         // Offsets are stored as u16; RFC 1035 §4.2.2 caps a message at 65535 bytes anyway.
         if bytes.len() > usize::from(u16::MAX) {
@@ -175,15 +214,19 @@ impl Reply {
             } else {
                 let ttl = sane_ttl(record.ttl);
                 min_ttl = Some(min_ttl.map_or(ttl, |min| min.min(ttl)));
+                // Indexed before the RDATA is walked: a name in the RDATA may not be read from
+                // the record's own TTL field either.
+                ttls.push(u16::try_from(record.fixed + 4).map_err(|_| ReplyError::TooLarge)?);
+                let names_end = rdata_names(bytes, &record, &ttls)?;
                 if section == Section::Authority
                     && record.rr_type == rtype::SOA
                     && negative_ttl.is_none()
                 {
                     // RFC 2308 §5: the TTL of a negative answer is min(SOA TTL, SOA MINIMUM).
-                    let minimum = soa_minimum(bytes, record.rdata, record.end, &ttls)?;
+                    let names_end = names_end.ok_or(ReplyError::Truncated)?;
+                    let minimum = soa_minimum(bytes, names_end, record.end)?;
                     negative_ttl = Some(ttl.min(sane_ttl(minimum)));
                 }
-                ttls.push(u16::try_from(record.fixed + 4).map_err(|_| ReplyError::TooLarge)?);
             }
             pos = record.end;
         }
@@ -240,47 +283,86 @@ impl Reply {
         self.bytes.len() + self.ttls.len() * 2
     }
 
-    /// Writes the answer to `query` into `out` (cleared first): the stored bytes with the query's
-    /// ID, RD bit and question bytes (so the client's name case comes back as sent), AA set (as CoreDNS's cache does), every TTL patched by
-    /// `ttl`, and an OPT record advertising [`crate::EDNS_UDP_SIZE`] (DO echoed) only if the
-    /// query had one. If the result exceeds `limit`, writes instead the header and question with
-    /// TC set and no records (plus OPT), so the client retries over TCP (RFC 7766 §5); that
-    /// short form is written even if it exceeds `limit` (it is under 300 bytes, below any real
-    /// limit). Allocates nothing once `out` has grown to the answer's size.
+    /// Writes the answer to `query`, served from the cache, into `out` (cleared first): the
+    /// stored bytes with the query's ID, RD bit and question bytes (so the client's name case
+    /// comes back as sent), AA set (as CoreDNS's cache sets it on what it serves), every TTL
+    /// patched by `ttl`, and an OPT record advertising [`crate::EDNS_UDP_SIZE`] (DO echoed) only
+    /// if the query had one.
+    ///
+    /// If the whole exceeds `limit`, as many whole records as fit are kept, in message order
+    /// (answer section, then authority, then additional: a prefix of the message, the records
+    /// CoreDNS's `Msg.Truncate` keeps), the section counts lowered to match, and TC set (RFC 1035
+    /// §4.2.1, RFC 2181 §9), the OPT still last. A client that retries over TCP gets the whole
+    /// answer there (RFC 7766 §5); one that does not (musl before 1.2.4) still has the records
+    /// that fit. Never a partial record: if not even the first fits, the header and question
+    /// (and OPT) alone, with TC, are written, even beyond `limit` (they are under 300 bytes,
+    /// below any real limit).
+    ///
+    /// Allocates nothing once `out` has grown to the answer's size; a cut answer costs a binary
+    /// search over the TTL index, which also locates where each record ends.
     ///
     /// `query` must have the same key as the query this reply answers; the question bytes are
     /// copied from it (if they differ beyond letter case, a caller bug, the stored question is
     /// kept, so the answer stays well-formed).
     pub fn write_answer(&self, query: &Query<'_>, ttl: TtlRule, limit: usize, out: &mut Vec<u8>) {
+        self.write(query, ttl, limit, flags::AA, out);
+    }
+
+    /// Like [`Reply::write_answer`], for the reply just fetched, relayed to the clients that
+    /// waited for it: AA stays as the upstream set it. node-cache sets AA only on what its cache
+    /// serves; what it relays (every REFUSED, FORMERR, truncated or other uncacheable reply, and
+    /// the first answer to a miss) keeps the upstream's bit.
+    pub fn write_relayed(&self, query: &Query<'_>, ttl: TtlRule, limit: usize, out: &mut Vec<u8>) {
+        self.write(query, ttl, limit, 0, out);
+    }
+
+    /// Both of the above: `aa` is OR-ed into the stored flags.
+    #[inline(always)]
+    fn write(&self, query: &Query<'_>, ttl: TtlRule, limit: usize, aa: u16, out: &mut Vec<u8>) {
         out.clear();
-        let edns = query.edns();
-        let opt_len = if edns.is_some() { OPT_LEN } else { 0 };
+        let mut edns = query.edns();
+        let mut opt_len = if edns.is_some() { OPT_LEN } else { 0 };
         let question_end = usize::from(self.question_end);
         // The client's question replaces ours only if it is the same up to case, as it is when
         // the keys match. Anything else is a caller bug; then our own question is kept, so
         // compression pointers into it stay valid and no offset moves.
         let ours = self.bytes.get(HEADER_LEN..question_end).unwrap_or_default();
         let client_question = Some(query.question()).filter(|q| questions_match(q, ours));
-        let full = self.bytes.len() + opt_len <= limit;
-        let body_end = if full { self.bytes.len() } else { question_end };
+        let mut full = self.bytes.len() + opt_len <= limit;
+        if !full && opt_len != 0 && limit >= MAX_MESSAGE_LEN && self.bytes.len() <= limit {
+            // A TCP answer (RFC 1035 §4.2.2: 65535 bytes at most) with no room for our OPT: the
+            // upstream's reply had none (stripped, its OPT would have left room for ours), so it
+            // goes out whole as the upstream sent it, without one. Cut with TC, it would leave
+            // the client no transport to retry on.
+            (edns, opt_len, full) = (None, 0, true);
+        }
+        let (kept, body_end) = if full {
+            (self.ttls.len(), self.bytes.len())
+        } else {
+            self.fitting(limit.saturating_sub(opt_len))
+        };
         out.reserve(body_end + opt_len);
         out.extend_from_slice(self.bytes.get(..body_end).unwrap_or_default());
 
         set16(out, header::ID, query.id());
         let stored_flags = get16(out, header::FLAGS).unwrap_or(0);
-        // AA as CoreDNS's cache sets it; RD echoed (RFC 1035 §4.1.1); AD, CD, RA and the RCODE
-        // stay the upstream's.
-        let mut flags = (stored_flags | flags::AA) & !flags::RD;
+        // RD echoed (RFC 1035 §4.1.1); AD, CD, RA and the RCODE stay the upstream's.
+        let mut flags = (stored_flags | aa) & !flags::RD;
         if query.rd() {
             flags |= flags::RD;
         }
         if !full {
             // RFC 1035 §4.2.1 / RFC 6891 §7: what does not fit is cut and TC set, so the client
-            // retries over TCP (RFC 7766 §5). Only the question (and OPT) are kept.
+            // can retry over TCP (RFC 7766 §5). The records kept are the first `kept`.
             flags |= flags::TC;
-            set16(out, header::ANCOUNT, 0);
-            set16(out, header::NSCOUNT, 0);
-            set16(out, header::ARCOUNT, 0);
+            let ancount = usize::from(self.info.answers).min(kept);
+            let nscount =
+                usize::from(get16(&self.bytes, header::NSCOUNT).unwrap_or(0)).min(kept - ancount);
+            // Each is at most the stored count, a u16.
+            let count = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+            set16(out, header::ANCOUNT, count(ancount));
+            set16(out, header::NSCOUNT, count(nscount));
+            set16(out, header::ARCOUNT, count(kept - ancount - nscount));
         }
         set16(out, header::FLAGS, flags);
         if let (Some(question), Some(ours)) =
@@ -289,13 +371,15 @@ impl Reply {
             // 0x20 case randomization: the client checks its name comes back exactly as sent.
             ours.copy_from_slice(question);
         }
-        if full {
-            for &at in self.ttls.iter() {
-                let at = usize::from(at);
-                if let Some(stored) = get32(out, at) {
-                    set32(out, at, stored.saturating_sub(ttl.age).min(ttl.cap));
-                }
-            }
+        let ttls = self.ttls.get(..kept).unwrap_or_default();
+        if ttl.floor == 0 {
+            // Every fresh answer: the floor would be one more operation per record on the hit
+            // path, for nothing.
+            patch_ttls(out, ttls, |stored| {
+                stored.saturating_sub(ttl.age).min(ttl.cap)
+            });
+        } else {
+            patch_ttls(out, ttls, |stored| ttl.apply(stored));
         }
         if let Some(edns) = edns {
             // RFC 6891 §6.1.1: a request with an OPT gets an OPT back; ours, never the upstream's.
@@ -303,6 +387,39 @@ impl Reply {
             push_opt(out, extended, edns.dnssec_ok);
             let arcount = get16(out, header::ARCOUNT).unwrap_or(0);
             set16(out, header::ARCOUNT, arcount.saturating_add(1));
+        }
+    }
+
+    /// How many records, from the first, end within `budget` bytes, and where the last of them
+    /// ends (the end of the question when none does). Records are contiguous and in order, so
+    /// their ends rise with their TTL offsets: a binary search over the TTL index.
+    fn fitting(&self, budget: usize) -> (usize, usize) {
+        let fits = |at: &u16| self.record_end(*at).is_some_and(|end| end <= budget);
+        let kept = self.ttls.partition_point(fits);
+        let end = kept
+            .checked_sub(1)
+            .and_then(|last| self.ttls.get(last))
+            .and_then(|&at| self.record_end(at))
+            .unwrap_or(usize::from(self.question_end));
+        (kept, end)
+    }
+
+    /// The end of the record whose TTL field is at `at`: the TTL, RDLENGTH, then RDATA
+    /// (RFC 1035 §4.1.3).
+    fn record_end(&self, at: u16) -> Option<usize> {
+        let at = usize::from(at);
+        let rdlen = get16(&self.bytes, at + 4)?;
+        Some(at + 6 + usize::from(rdlen))
+    }
+}
+
+/// Rewrites the TTL field at each of `ttls` in `out` with `rule` of its stored value.
+#[inline(always)]
+fn patch_ttls(out: &mut [u8], ttls: &[u16], rule: impl Fn(u32) -> u32) {
+    for &at in ttls {
+        let at = usize::from(at);
+        if let Some(stored) = get32(out, at) {
+            set32(out, at, rule(stored));
         }
     }
 }
@@ -358,24 +475,84 @@ impl Record {
     }
 }
 
-/// The MINIMUM field of SOA RDATA spanning `rdata..end` (RFC 1035 §3.3.13: MNAME, RNAME, then
-/// five 32-bit fields, MINIMUM last). The names are walked, so RDATA whose names and fields do
-/// not add up to its length is rejected rather than read at a wrong offset.
-fn soa_minimum(msg: &[u8], rdata: usize, end: usize, ttls: &[u16]) -> Result<u32, ReplyError> {
+/// Where the RDATA of a record type holds domain names that receivers decompress, so that a
+/// compression pointer in them is followed: RFC 3597 §4 (the types of RFC 1035 MUST be
+/// decompressed; RP, AFSDB, RT, SIG, PX, NXT, NAPTR and SRV SHOULD be), and the names common
+/// decoders (hickory-proto's among them) read the same way: DNAME's target (RFC 6672), SVCB's
+/// and HTTPS's TargetName (RFC 9460), TSIG's algorithm name (RFC 8945), ANAME's target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RdataNames {
+    /// `count` names, after `skip` bytes of fixed fields.
+    After { skip: u8, count: u8 },
+    /// NAPTR (RFC 3403 §4.1): ORDER and PREFERENCE, three character-strings (FLAGS, SERVICES,
+    /// REGEXP), then REPLACEMENT.
+    Naptr,
+}
+
+impl RdataNames {
+    fn of(rr_type: u16) -> Option<RdataNames> {
+        let after = |skip, count| Some(RdataNames::After { skip, count });
+        match rr_type {
+            // NS, MD, MF, CNAME, MB, MG, MR, PTR, NXT, DNAME, TSIG, ANAME.
+            2 | 3 | 4 | 5 | 7 | 8 | 9 | 12 | 30 | 39 | 250 | 65305 => after(0, 1),
+            // SOA (MNAME, RNAME), MINFO (RMAILBX, EMAILBX), RP (mbox, txt).
+            6 | 14 | 17 => after(0, 2),
+            // MX, AFSDB, RT, SVCB, HTTPS: a 16-bit preference or priority first.
+            15 | 18 | 21 | 64 | 65 => after(2, 1),
+            // PX: PREFERENCE, MAP822, MAPX400.
+            26 => after(2, 2),
+            // SIG: 18 bytes of fields, then the signer's name.
+            24 => after(18, 1),
+            // SRV: priority, weight, port, then the target.
+            33 => after(6, 1),
+            35 => Some(RdataNames::Naptr),
+            _ => None,
+        }
+    }
+}
+
+/// Walks the domain names in `record`'s RDATA, if its type has any (see [`RdataNames`]): each
+/// must lie within the RDATA and, like an owner name, not be read from the header or from a TTL
+/// field at `ttls` (the record's own included), since serving rewrites both and the name a client
+/// decompresses would change with them. Returns where the last name ends.
+fn rdata_names(msg: &[u8], record: &Record, ttls: &[u16]) -> Result<Option<usize>, ReplyError> {
+    let Some(names) = RdataNames::of(record.rr_type) else {
+        return Ok(None);
+    };
     // Names inside RDATA may point anywhere before them, but must not run past the RDATA.
-    let rdata_bytes = msg.get(..end).ok_or(ReplyError::Truncated)?;
-    let walk = |at| {
-        name::skip_avoiding(rdata_bytes, at, ttls).map_err(|e| match e {
+    let rdata = msg.get(..record.end).ok_or(ReplyError::Truncated)?;
+    let walk = |at: usize| {
+        name::skip_avoiding(rdata, at, ttls).map_err(|e| match e {
             NameError::Malformed => ReplyError::BadName,
             NameError::Truncated => ReplyError::Truncated,
         })
     };
-    let rname = walk(rdata)?;
-    let fields = walk(rname)?;
-    if fields + 20 != end {
+    let (mut at, count) = match names {
+        RdataNames::After { skip, count } => (record.rdata + usize::from(skip), count),
+        RdataNames::Naptr => {
+            let mut at = record.rdata + 4;
+            for _ in 0..3 {
+                // A character-string: a length byte and that many bytes (RFC 1035 §3.3).
+                let len = rdata.get(at).ok_or(ReplyError::Truncated)?;
+                at += 1 + usize::from(*len);
+            }
+            (at, 1)
+        }
+    };
+    for _ in 0..count {
+        at = walk(at)?;
+    }
+    Ok(Some(at))
+}
+
+/// The MINIMUM field of a SOA record (RFC 1035 §3.3.13: MNAME, RNAME, then five 32-bit fields,
+/// MINIMUM last), given where its names end. RDATA whose names and fields do not add up to its
+/// length is rejected rather than read at a wrong offset.
+fn soa_minimum(msg: &[u8], names_end: usize, end: usize) -> Result<u32, ReplyError> {
+    if names_end + 20 != end {
         return Err(ReplyError::Truncated);
     }
-    get32(msg, fields + 16).ok_or(ReplyError::Truncated)
+    get32(msg, names_end + 16).ok_or(ReplyError::Truncated)
 }
 
 /// RFC 2181 §8: a TTL with the most significant bit set is treated as zero.
@@ -394,10 +571,7 @@ mod tests {
     use super::*;
     use crate::testutil::{decode, edns, encode, name, query_message, response_to};
 
-    const FOREVER: TtlRule = TtlRule {
-        age: 0,
-        cap: u32::MAX,
-    };
+    const FOREVER: TtlRule = TtlRule::STORED;
 
     fn a(owner: &str, ttl: u32, last: u8) -> HickoryRecord {
         HickoryRecord::from_rdata(name(owner), ttl, RData::A(A(Ipv4Addr::new(10, 0, 0, last))))
@@ -497,6 +671,126 @@ mod tests {
             Some(10),
             "the first SOA counts"
         );
+    }
+
+    #[test]
+    fn soa_name_read_from_its_own_ttl_is_refused() {
+        // NXDOMAIN for `example.com. SOA`; the authority SOA's MNAME is a pointer to its own TTL
+        // field, whose bytes (0x01 'x' 0x00 0x00) read as `x.`: once the TTL is patched the
+        // name would be another, or none. Found by the differential fuzz target.
+        let mut bytes = b"\x00\x01\x81\x83\x00\x01\x00\x00\x00\x01\x00\x00".to_vec();
+        bytes.extend_from_slice(b"\x07example\x03com\x00\x00\x06\x00\x01");
+        let ttl_at = bytes.len() + 6;
+        bytes.extend_from_slice(b"\xc0\x0c\x00\x06\x00\x01\x01x\x00\x00\x00\x17");
+        bytes.extend_from_slice(&(0xc000 | ttl_at as u16).to_be_bytes());
+        bytes.extend_from_slice(b"\x00\0\0\0\x01\0\0\0\x02\0\0\0\x03\0\0\0\x04\0\0\0\x05");
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+        // The same SOA with an MNAME of its own parses.
+        let mut fixed = bytes[..bytes.len() - 23].to_vec();
+        fixed[ttl_at + 5] = 26;
+        fixed.extend_from_slice(
+            b"\x02ns\xc0\x0c\x00\0\0\0\x01\0\0\0\x02\0\0\0\x03\0\0\0\x04\0\0\0\x05",
+        );
+        assert_eq!(Reply::parse(&fixed).unwrap().info().negative_ttl, Some(5));
+    }
+
+    /// A NOERROR reply for `example.com. A` (its name at offset 12) with the given answers, each
+    /// owned by a pointer to the question: (type, TTL, RDATA).
+    fn raw_reply(answers: &[(u16, u32, &[u8])]) -> Vec<u8> {
+        let mut bytes = b"\x00\x01\x81\x80\x00\x01\x00\x00\x00\x00\x00\x00".to_vec();
+        bytes[7] = answers.len() as u8;
+        bytes.extend_from_slice(b"\x07example\x03com\x00\x00\x01\x00\x01");
+        for (rr_type, ttl, rdata) in answers {
+            bytes.extend_from_slice(b"\xc0\x0c");
+            bytes.extend_from_slice(&rr_type.to_be_bytes());
+            bytes.extend_from_slice(&[0, 1]);
+            bytes.extend_from_slice(&ttl.to_be_bytes());
+            bytes.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+            bytes.extend_from_slice(rdata);
+        }
+        bytes
+    }
+
+    /// Offset of the first answer's TTL field in a [`raw_reply`].
+    const FIRST_TTL: u16 = 12 + 17 + 6;
+
+    #[test]
+    fn rdata_name_read_from_a_ttl_field_is_refused() {
+        // A CNAME whose target is a pointer to its own TTL (0x01 'y' 0x00 0x00: `y.`), then one
+        // whose target is the first record's TTL: serving would change both targets. Found by
+        // the differential fuzz target.
+        let own = (0xc000 | FIRST_TTL).to_be_bytes();
+        let bytes = raw_reply(&[(rtype::CNAME, 0x0179_0000, &own)]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+        let earlier = raw_reply(&[(rtype::A, 0x0179_0000, b"\x0a\0\0\x01"), (5, 60, &own)]);
+        assert_eq!(Reply::parse(&earlier).unwrap_err(), ReplyError::BadName);
+        // The same pointers in the RDATA of a type whose RDATA holds no name are only bytes.
+        let opaque = raw_reply(&[(rtype::TXT, 0x0179_0000, &own)]);
+        assert!(Reply::parse(&opaque).is_ok());
+        let unknown = raw_reply(&[(65280, 0x0179_0000, &own)]);
+        assert!(Reply::parse(&unknown).is_ok());
+    }
+
+    #[test]
+    fn rdata_name_pointing_into_the_header_is_refused() {
+        // An MX whose exchange points at offset 4 (QDCOUNT's first byte, 0: the root).
+        let bytes = raw_reply(&[(15, 60, b"\x00\x0a\xc0\x04")]);
+        assert_eq!(Reply::parse(&bytes).unwrap_err(), ReplyError::BadName);
+        let bytes = raw_reply(&[(15, 60, b"\x00\x0a\xc0\x0c")]);
+        assert!(Reply::parse(&bytes).is_ok());
+    }
+
+    #[test]
+    fn rdata_names_are_found_after_each_types_fixed_fields() {
+        // Compressed names where each type has them, pointing at the question: accepted.
+        let srv = b"\x00\x01\x00\x02\x00\x35\x03sip\xc0\x0c";
+        let naptr = b"\x00\x0a\x00\x14\x01U\x07E2U+sip\x00\xc0\x0c";
+        let svcb = b"\x00\x01\xc0\x0c\x00\x01\x00\x03\x02h2";
+        let soa_in_answer = b"\xc0\x0c\xc0\x0c\0\0\0\x01\0\0\0\x02\0\0\0\x03\0\0\0\x04\0\0\0\x05";
+        for (rr_type, rdata) in [
+            (rtype::SRV, &srv[..]),
+            (35, &naptr[..]),
+            (64, &svcb[..]),
+            (rtype::SOA, &soa_in_answer[..]),
+            (rtype::PTR, b"\x01x\xc0\x0c"),
+        ] {
+            let bytes = raw_reply(&[(rr_type, 60, rdata)]);
+            assert!(Reply::parse(&bytes).is_ok(), "type {rr_type}");
+        }
+        // The same with the name's pointer moved onto the TTL: refused, which shows where each
+        // type's name was looked for.
+        let ttl = (0xc000 | FIRST_TTL).to_be_bytes();
+        for (rr_type, fixed) in [
+            (rtype::SRV, &srv[..6]),
+            (35, &naptr[..15]),
+            (64, &svcb[..2]),
+            (rtype::SOA, &b""[..]),
+            (rtype::PTR, &b""[..]),
+        ] {
+            let mut rdata = fixed.to_vec();
+            rdata.extend_from_slice(&ttl);
+            let bytes = raw_reply(&[(rr_type, 0x0179_0000, &rdata)]);
+            assert_eq!(
+                Reply::parse(&bytes).unwrap_err(),
+                ReplyError::BadName,
+                "type {rr_type}"
+            );
+        }
+    }
+
+    #[test]
+    fn rdata_names_must_lie_within_their_rdata() {
+        // SRV RDATA shorter than its fixed fields, and one whose target runs into the next record.
+        let short = raw_reply(&[(rtype::SRV, 60, b"\x00\x01\x00")]);
+        assert_eq!(Reply::parse(&short).unwrap_err(), ReplyError::Truncated);
+        let runs_on = raw_reply(&[
+            (rtype::SRV, 60, b"\x00\x01\x00\x02\x00\x35\x03sip"),
+            (rtype::A, 60, b"\x0a\0\0\x01"),
+        ]);
+        assert_eq!(Reply::parse(&runs_on).unwrap_err(), ReplyError::Truncated);
+        // NAPTR character-strings running past the RDATA.
+        let naptr = raw_reply(&[(35, 60, b"\x00\x0a\x00\x14\x01U\x09E2U")]);
+        assert_eq!(Reply::parse(&naptr).unwrap_err(), ReplyError::Truncated);
     }
 
     #[test]
@@ -699,7 +993,7 @@ mod tests {
         let reply = parse(&msg);
         let mut query = query_message(0x2222, "example.com.", RecordType::A, None);
         query.metadata.recursion_desired = false;
-        let out = answer(&reply, &encode(&query), TtlRule { age: 50, cap: 200 }, 512);
+        let out = answer(&reply, &encode(&query), TtlRule::fresh(50, 200), 512);
         assert_eq!(out.metadata.id, 0x2222);
         assert!(!out.metadata.recursion_desired);
         assert!(out.metadata.authoritative);
@@ -715,26 +1009,10 @@ mod tests {
         let (_, msg) = positive();
         let reply = parse(&msg);
         let query = encode(&query_message(2, "example.com.", RecordType::A, None));
-        let out = answer(
-            &reply,
-            &query,
-            TtlRule {
-                age: 100,
-                cap: u32::MAX,
-            },
-            512,
-        );
+        let out = answer(&reply, &query, TtlRule::fresh(100, u32::MAX), 512);
         let ttls: Vec<u32> = out.answers.iter().map(|r| r.ttl).collect();
         assert_eq!(ttls, [200, 0]);
-        let out = answer(
-            &reply,
-            &query,
-            TtlRule {
-                age: u32::MAX,
-                cap: u32::MAX,
-            },
-            512,
-        );
+        let out = answer(&reply, &query, TtlRule::fresh(u32::MAX, u32::MAX), 512);
         assert!(out.answers.iter().all(|r| r.ttl == 0));
     }
 
@@ -745,10 +1023,10 @@ mod tests {
         msg.metadata.response_code = ResponseCode::NXDomain;
         msg.add_authority(soa("cluster.local.", 30, 5));
         let reply = parse(&msg);
-        let out = answer(&reply, &encode(&query), TtlRule { age: 3, cap: 5 }, 512);
+        let out = answer(&reply, &encode(&query), TtlRule::fresh(3, 5), 512);
         assert_eq!(out.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(out.authorities[0].ttl, 5);
-        let out = answer(&reply, &encode(&query), TtlRule { age: 28, cap: 5 }, 512);
+        let out = answer(&reply, &encode(&query), TtlRule::fresh(28, 5), 512);
         assert_eq!(out.authorities[0].ttl, 2);
     }
 
@@ -848,69 +1126,229 @@ mod tests {
         (msg, reply)
     }
 
-    fn assert_truncated(out: &Message, with_opt: bool) {
-        assert!(out.metadata.truncation);
-        assert_eq!(out.queries.len(), 1);
-        assert!(out.answers.is_empty() && out.authorities.is_empty() && out.additionals.is_empty());
-        assert_eq!(out.edns.is_some(), with_opt);
-    }
-
-    #[test]
-    fn truncated_to_512_without_edns() {
-        let (_, reply) = big(20);
-        assert!(reply.bytes().len() > 512);
-        let query = encode(&query_message(
+    /// A query for `big.example.com. AAAA`, with an OPT advertising `udp` if given.
+    fn big_query(udp: Option<u16>) -> Vec<u8> {
+        encode(&query_message(
             8,
             "big.example.com.",
             RecordType::AAAA,
-            None,
-        ));
-        let q = Query::parse(&query).unwrap();
+            udp.map(|size| (size, false)),
+        ))
+    }
+
+    /// What `reply` answers to `query` within `limit`, as bytes.
+    fn served(reply: &Reply, query: &[u8], ttl: TtlRule, limit: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        reply.write_answer(&q, FOREVER, q.udp_limit(), &mut out);
-        assert_eq!(out.len(), HEADER_LEN + q.question().len());
-        assert_truncated(&decode(&out), false);
-        // Over TCP the same reply fits.
-        reply.write_answer(&q, FOREVER, 65535, &mut out);
-        let full = decode(&out);
+        reply.write_answer(&Query::parse(query).unwrap(), ttl, limit, &mut out);
+        out
+    }
+
+    #[test]
+    fn cut_to_the_whole_records_that_fit_in_512_without_edns() {
+        // 33 bytes of header and question, then 28 per record: 17 fit in 512 (509 bytes).
+        let (msg, reply) = big(20);
+        let query = big_query(None);
+        let q = Query::parse(&query).unwrap();
+        let out = served(&reply, &query, TtlRule::fresh(10, 30), q.udp_limit());
+        assert_eq!(out.len(), 33 + 17 * 28);
+        let cut = decode(&out);
+        assert!(cut.metadata.truncation);
+        assert!(cut.metadata.authoritative);
+        assert_eq!(cut.metadata.id, 8);
+        assert_eq!(cut.answers.len(), 17);
+        for (served, sent) in cut.answers.iter().zip(&msg.answers) {
+            assert_eq!(served.data, sent.data);
+            assert_eq!(served.ttl, 30, "TTLs patched in what is kept");
+        }
+        assert!(cut.edns.is_none());
+        // Over TCP the same reply is whole.
+        let full = decode(&served(&reply, &query, FOREVER, 65535));
         assert!(!full.metadata.truncation);
         assert_eq!(full.answers.len(), 20);
     }
 
     #[test]
-    fn truncated_to_the_clients_size_with_edns() {
+    fn cut_to_the_clients_size_with_edns_and_the_opt_kept() {
         let (_, reply) = big(30); // 33 + 30 * 28 = 873 bytes, + 11 for the OPT.
-        let size = |udp| {
-            let query = encode(&query_message(
-                9,
-                "big.example.com.",
-                RecordType::AAAA,
-                Some((udp, false)),
-            ));
-            let q = Query::parse(&query).unwrap();
-            let mut out = Vec::new();
-            reply.write_answer(&q, FOREVER, q.udp_limit(), &mut out);
-            out
-        };
-        let small = size(800);
-        assert_eq!(small.len(), HEADER_LEN + 21 + 11);
-        assert_truncated(&decode(&small), true);
-        let fits = decode(&size(1232));
+        // 800 = 33 + 27 * 28 + 11 exactly: 27 records, and the OPT, last.
+        let out = served(&reply, &big_query(Some(800)), FOREVER, 800);
+        assert_eq!(out.len(), 800);
+        let cut = decode(&out);
+        assert!(cut.metadata.truncation);
+        assert_eq!(cut.answers.len(), 27);
+        assert!(cut.additionals.is_empty());
+        assert_eq!(
+            cut.edns.as_ref().unwrap().max_payload(),
+            crate::EDNS_UDP_SIZE
+        );
+        // One byte less: one record less.
+        let out = served(&reply, &big_query(Some(800)), FOREVER, 799);
+        assert_eq!(out.len(), 800 - 28);
+        assert_eq!(decode(&out).answers.len(), 26);
+        // 1232 holds the whole; exactly at the limit is not cut, one byte under is.
+        let fits = decode(&served(&reply, &big_query(Some(1232)), FOREVER, 1232));
         assert!(!fits.metadata.truncation);
         assert_eq!(fits.answers.len(), 30);
-        // Exactly at the limit is not truncated.
         let exact = reply.bytes().len() + 11;
+        let query = big_query(Some(1232));
+        assert!(
+            !decode(&served(&reply, &query, FOREVER, exact))
+                .metadata
+                .truncation
+        );
+        let under = decode(&served(&reply, &query, FOREVER, exact - 1));
+        assert!(under.metadata.truncation);
+        assert_eq!(under.answers.len(), 29);
+    }
+
+    /// A reply without OPT to `big.example.com. TXT` of exactly `len` bytes: one TXT record
+    /// (compressed owner) whose strings fill it.
+    fn txt_reply_of(len: usize) -> Reply {
+        use hickory_proto::rr::rdata::TXT;
+        let query = query_message(9, "big.example.com.", RecordType::TXT, None);
+        let mut msg = response_to(&query);
+        // 33 bytes of header and question, 12 of owner pointer and fixed fields.
+        let mut left = len - 33 - 12;
+        let mut strings = Vec::new();
+        while left > 0 {
+            let n = (left - 1).min(255);
+            strings.push("x".repeat(n));
+            left -= n + 1;
+        }
+        let rdata = RData::TXT(TXT::new(strings));
+        msg.add_answer(HickoryRecord::from_rdata(
+            name("big.example.com."),
+            60,
+            rdata,
+        ));
+        let bytes = encode(&msg);
+        assert_eq!(bytes.len(), len);
+        Reply::parse(&bytes).unwrap()
+    }
+
+    #[test]
+    fn a_full_tcp_reply_without_opt_goes_whole_to_an_edns_client_without_one() {
+        let reply = txt_reply_of(MAX_MESSAGE_LEN);
+        let query = encode(&query_message(
+            10,
+            "big.example.com.",
+            RecordType::TXT,
+            Some((1232, false)),
+        ));
+        let q = Query::parse(&query).unwrap();
+        for relayed in [false, true] {
+            let mut out = Vec::new();
+            if relayed {
+                reply.write_relayed(&q, FOREVER, MAX_MESSAGE_LEN, &mut out);
+            } else {
+                reply.write_answer(&q, FOREVER, MAX_MESSAGE_LEN, &mut out);
+            }
+            assert_eq!(out.len(), MAX_MESSAGE_LEN);
+            let whole = decode(&out);
+            assert!(!whole.metadata.truncation);
+            assert_eq!(whole.answers.len(), 1);
+            assert!(whole.edns.is_none(), "no room for the OPT");
+            assert_eq!(whole.metadata.id, 10);
+        }
+        // With room for it, the OPT is there.
+        let smaller = txt_reply_of(MAX_MESSAGE_LEN - 11);
+        let out = served(&smaller, &query, FOREVER, MAX_MESSAGE_LEN);
+        assert_eq!(out.len(), MAX_MESSAGE_LEN);
+        assert!(decode(&out).edns.is_some());
+        // Over UDP the OPT stays and the answer is cut: the client can retry over TCP.
+        let udp = txt_reply_of(1230);
+        let cut = decode(&served(&udp, &query, FOREVER, 1232));
+        assert!(cut.metadata.truncation);
+        assert!(cut.answers.is_empty());
+        assert!(cut.edns.is_some());
+    }
+
+    #[test]
+    fn cut_keeps_the_sections_in_order() {
+        // Two answers, an SOA in the authority section and two additional records: whatever
+        // the limit, what is kept is the first records in message order, counted per section.
+        let query = query_message(13, "example.com.", RecordType::A, Some((1232, false)));
+        let mut msg = response_to(&query);
+        msg.add_answer(a("example.com.", 300, 1));
+        msg.add_answer(a("example.com.", 300, 2));
+        msg.add_authority(soa("example.com.", 30, 5));
+        msg.add_additional(a("ns1.example.com.", 60, 3));
+        msg.add_additional(a("ns2.example.com.", 60, 4));
+        let reply = parse(&msg);
+        let query = encode(&query);
+        let mut seen = Vec::new();
+        for limit in 0..=reply.bytes().len() + 11 {
+            let out = decode(&served(&reply, &query, FOREVER, limit));
+            let counts = (
+                out.answers.len(),
+                out.authorities.len(),
+                out.additionals.len(),
+            );
+            let kept = counts.0 + counts.1 + counts.2;
+            let expected = match kept {
+                0..=2 => (kept, 0, 0),
+                3 => (2, 1, 0),
+                _ => (2, 1, kept - 3),
+            };
+            assert_eq!(counts, expected, "limit {limit}");
+            assert_eq!(out.answers[..], msg.answers[..counts.0]);
+            assert_eq!(out.additionals[..], msg.additionals[..counts.2]);
+            assert_eq!(out.metadata.truncation, kept < 5, "limit {limit}");
+            assert!(out.edns.is_some(), "the OPT is kept at every limit");
+            if !seen.contains(&kept) {
+                seen.push(kept);
+            }
+        }
+        assert_eq!(seen, [0, 1, 2, 3, 4, 5], "every cut is reached");
+    }
+
+    #[test]
+    fn question_alone_is_written_when_no_record_fits() {
+        let (_, reply) = big(20);
+        for limit in [0, 12, 33 + 27] {
+            let out = served(&reply, &big_query(None), FOREVER, limit);
+            assert_eq!(out.len(), 33, "limit {limit}");
+            let cut = decode(&out);
+            assert!(cut.metadata.truncation);
+            assert!(cut.answers.is_empty());
+        }
+    }
+
+    #[test]
+    fn reply_of_65535_bytes_without_opt_goes_whole_to_an_edns_client_over_tcp() {
+        // 33 bytes of header and question, 4093 A records of 16 bytes, one 14-byte TXT record:
+        // 65535 bytes. With the client's OPT the whole cannot go even over TCP: it goes whole
+        // without one.
+        let mut bytes = b"\x00\x01\x85\x80\x00\x01\x0f\xfe\x00\x00\x00\x00".to_vec();
+        bytes.extend_from_slice(b"\x03big\x07example\x03com\x00\x00\x01\x00\x01");
+        for i in 0..4093u32 {
+            bytes.extend_from_slice(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04");
+            bytes.extend_from_slice(&(0x0a00_0000 | i).to_be_bytes());
+        }
+        bytes.extend_from_slice(b"\xc0\x0c\x00\x10\x00\x01\x00\x00\x00\x3c\x00\x02\x01x");
+        assert_eq!(bytes.len(), 65535);
+        let reply = Reply::parse(&bytes).unwrap();
         let query = encode(&query_message(
             9,
             "big.example.com.",
-            RecordType::AAAA,
+            RecordType::A,
             Some((1232, false)),
         ));
-        let mut out = Vec::new();
-        reply.write_answer(&Query::parse(&query).unwrap(), FOREVER, exact, &mut out);
-        assert!(!decode(&out).metadata.truncation);
-        reply.write_answer(&Query::parse(&query).unwrap(), FOREVER, exact - 1, &mut out);
-        assert_truncated(&decode(&out), true);
+        let out = served(&reply, &query, FOREVER, 65535);
+        assert_eq!(
+            out,
+            [&[0, 9], &bytes[2..]].concat(),
+            "as the upstream sent it"
+        );
+        let whole = decode(&out);
+        assert!(!whole.metadata.truncation);
+        assert_eq!(whole.answers.len(), 4094);
+        assert!(whole.edns.is_none());
+        // Without an OPT in the query too.
+        let plain = encode(&query_message(9, "big.example.com.", RecordType::A, None));
+        let whole = served(&reply, &plain, FOREVER, 65535);
+        assert_eq!(whole.len(), 65535);
+        assert!(!decode(&whole).metadata.truncation);
     }
 
     #[test]
@@ -927,9 +1365,70 @@ mod tests {
         reply.write_answer(&q, FOREVER, 65535, &mut out);
         let (ptr, capacity) = (out.as_ptr(), out.capacity());
         for age in 0..5 {
-            reply.write_answer(&q, TtlRule { age, cap: 30 }, 65535, &mut out);
+            reply.write_answer(&q, TtlRule::fresh(age, 30), 65535, &mut out);
             assert_eq!((out.as_ptr(), out.capacity()), (ptr, capacity));
         }
+    }
+
+    #[test]
+    fn answers_whole_and_cut_allocate_nothing() {
+        let (_, reply) = big(40);
+        let plain = big_query(None);
+        let edns = big_query(Some(1232));
+        let (plain, edns) = (Query::parse(&plain).unwrap(), Query::parse(&edns).unwrap());
+        let mut out = Vec::with_capacity(2048);
+        let info = allocation_counter::measure(|| {
+            for age in 0..100 {
+                let ttl = TtlRule::fresh(age, 30);
+                // Cut at 512 and at 1232 (1,153 bytes + OPT do not fit), whole over TCP.
+                reply.write_answer(&plain, ttl, plain.udp_limit(), &mut out);
+                reply.write_answer(&edns, ttl, edns.udp_limit(), &mut out);
+                reply.write_relayed(&edns, ttl, 65535, &mut out);
+            }
+        });
+        assert_eq!(info.count_total, 0);
+        assert_eq!(decode(&out).answers.len(), 40);
+    }
+
+    #[test]
+    fn relayed_answers_keep_the_upstreams_aa() {
+        let query = query_message(14, "example.com.", RecordType::A, None);
+        let bytes = encode(&query);
+        let q = Query::parse(&bytes).unwrap();
+        for (rcode, aa) in [
+            (ResponseCode::Refused, false),
+            (ResponseCode::NotImp, false),
+            (ResponseCode::FormErr, false),
+            (ResponseCode::NoError, false),
+            (ResponseCode::NoError, true),
+        ] {
+            let mut msg = response_to(&query);
+            msg.metadata.response_code = rcode;
+            msg.metadata.authoritative = aa;
+            let reply = parse(&msg);
+            let mut out = Vec::new();
+            reply.write_relayed(&q, FOREVER, 512, &mut out);
+            let relayed = decode(&out);
+            assert_eq!(relayed.metadata.authoritative, aa, "{rcode:?} relayed");
+            assert_eq!(relayed.metadata.response_code, rcode);
+            reply.write_answer(&q, FOREVER, 512, &mut out);
+            assert!(
+                decode(&out).metadata.authoritative,
+                "{rcode:?} from the cache"
+            );
+        }
+    }
+
+    #[test]
+    fn stale_rule_gives_every_record_its_ttl() {
+        let (_, msg) = positive();
+        let mut msg = msg;
+        msg.answers[1].ttl = 0;
+        let reply = parse(&msg);
+        let query = encode(&query_message(15, "example.com.", RecordType::A, None));
+        let out = answer(&reply, &query, TtlRule::stale(30), 512);
+        let ttls: Vec<u32> = out.answers.iter().map(|r| r.ttl).collect();
+        assert_eq!(ttls, [30, 30]);
     }
 
     #[test]
@@ -966,7 +1465,7 @@ mod tests {
         msg.add_answer(a("web.example.com.", 50, 7));
         msg.set_edns(edns(1232, false));
         let reply = parse(&msg);
-        let out = answer(&reply, &encode(&query), TtlRule { age: 10, cap: 60 }, 1232);
+        let out = answer(&reply, &encode(&query), TtlRule::fresh(10, 60), 1232);
         assert_eq!(out.answers.len(), 2);
         assert_eq!(out.answers[0].data, msg.answers[0].data);
         assert_eq!(out.answers[0].ttl, 60);

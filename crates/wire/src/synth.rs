@@ -5,7 +5,7 @@ use crate::query::opcode;
 use crate::{HEADER_LEN, Query, flags};
 
 /// Writes into `out` (cleared first) an answer to `query` with `rcode`: the query's ID, opcode and
-/// RD, QR and RA set, the question echoed, no records, and an OPT (advertising
+/// RD, QR set (RA clear, as CoreDNS's own error replies), the question echoed, no records, and an OPT (advertising
 /// [`crate::EDNS_UDP_SIZE`], DO echoed, the extended RCODE bits for BADVERS) only if the query had
 /// one.
 pub fn write_error(query: &Query<'_>, rcode: u16, out: &mut Vec<u8>) {
@@ -30,8 +30,17 @@ pub fn write_error(query: &Query<'_>, rcode: u16, out: &mut Vec<u8>) {
     }
 }
 
+/// Writes into `out` (cleared first) an empty answer to `query` with TC set: NOERROR, the
+/// question echoed, no records (and an OPT if the query had one), as [`write_error`] writes
+/// them. "Ask again over TCP" (RFC 7766 §5): what a UDP client beyond its rate limit gets.
+pub fn write_truncated(query: &Query<'_>, out: &mut Vec<u8>) {
+    write_error(query, u16::from(crate::rcode::NOERROR), out);
+    let header_flags = get16(out, header::FLAGS).unwrap_or(0);
+    set16(out, header::FLAGS, header_flags | flags::TC);
+}
+
 /// Writes a reply for a packet whose question could not be parsed: the packet's ID, opcode and RD,
-/// QR and RA set, `rcode` (FORMERR, NOTIMP or BADVERS), all counts zero except, for an extended
+/// QR set, `rcode` (FORMERR, NOTIMP or BADVERS), all counts zero except, for an extended
 /// RCODE such as BADVERS, ARCOUNT 1 for the OPT record that carries its upper bits (RFC 6891
 /// §6.1.3: without it a BADVERS would read as NOERROR). Writes nothing (and returns `false`) if
 /// the packet has no full header or is itself a response.
@@ -59,9 +68,11 @@ pub fn write_formerr(packet: &[u8], rcode: u16, out: &mut Vec<u8>) -> bool {
     true
 }
 
-/// QR, RA, the opcode, RD and the low 4 bits of `rcode` (RFC 1035 §4.1.1).
+/// QR, the opcode, RD and the low 4 bits of `rcode` (RFC 1035 §4.1.1). RA stays clear, as in
+/// the replies CoreDNS (node-cache) makes itself (`dns.Msg.SetRcode`): a client sees the same
+/// flags from nodedns and from node-cache when the upstream fails or a name has no block.
 fn response_flags(opcode: u8, rd: bool, rcode: u16) -> u16 {
-    let mut bits = flags::QR | flags::RA | (u16::from(opcode) << 11 & flags::OPCODE_MASK);
+    let mut bits = flags::QR | (u16::from(opcode) << 11 & flags::OPCODE_MASK);
     if rd {
         bits |= flags::RD;
     }
@@ -78,7 +89,7 @@ mod tests {
     use crate::{ParseError, rcode};
 
     #[test]
-    fn servfail_echoes_id_rd_question_and_sets_qr_ra() {
+    fn servfail_echoes_id_rd_question_and_sets_qr_not_ra() {
         let mut msg = query_message(0x7777, "ExAmple.com.", RecordType::A, None);
         msg.metadata.checking_disabled = true;
         let bytes = encode(&msg);
@@ -90,7 +101,7 @@ mod tests {
         assert_eq!(reply.metadata.message_type, MessageType::Response);
         assert_eq!(reply.metadata.op_code, OpCode::Query);
         assert!(reply.metadata.recursion_desired);
-        assert!(reply.metadata.recursion_available);
+        assert!(!reply.metadata.recursion_available);
         assert!(reply.metadata.checking_disabled);
         assert!(!reply.metadata.authoritative);
         assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
@@ -101,6 +112,24 @@ mod tests {
             "question bytes echoed as sent"
         );
         assert!(reply.edns.is_none());
+    }
+
+    #[test]
+    fn truncated_is_an_empty_noerror_answer_with_tc() {
+        for edns in [None, Some((1232, false))] {
+            let msg = query_message(0x0102, "Flood.example.", RecordType::AAAA, edns);
+            let bytes = encode(&msg);
+            let query = Query::parse(&bytes).unwrap();
+            let mut out = Vec::new();
+            write_truncated(&query, &mut out);
+            let reply = decode(&out);
+            assert_eq!(reply.metadata.id, 0x0102);
+            assert!(reply.metadata.truncation);
+            assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+            assert_eq!(reply.queries, msg.queries);
+            assert!(reply.answers.is_empty() && reply.authorities.is_empty());
+            assert_eq!(reply.edns.is_some(), edns.is_some());
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Any reply an upstream can send: `Reply::parse` never panics, and a reply it accepts is served
 //! (for a fixed query and for one asking its own question in another case) as a reply that
-//! parses again.
+//! parses again, within the size limit unless it is only the header and question (and OPT).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -28,14 +28,21 @@ fuzz_target!(|data: &[u8]| {
     let queries = std::iter::once((fixed, false)).chain(own.map(|own| (own, true)));
     for (query, is_own) in queries {
         for limit in [0, 512, 1232, 65535] {
-            for ttl in [
-                TtlRule {
-                    age: 0,
-                    cap: u32::MAX,
-                },
-                TtlRule { age: 30, cap: 5 },
-            ] {
-                reply.write_answer(&query, ttl, limit, &mut out);
+            for ttl in [TtlRule::STORED, TtlRule::fresh(30, 5), TtlRule::stale(30)] {
+                if ttl == TtlRule::STORED {
+                    reply.write_relayed(&query, ttl, limit, &mut out);
+                } else {
+                    reply.write_answer(&query, ttl, limit, &mut out);
+                }
+                // The bare minimum (header, question, OPT) is written even beyond `limit`; the
+                // question is the reply's own when the query asks another name (the fixed one).
+                let opt_len = if query.edns().is_some() { 11 } else { 0 };
+                let bare = 12 + reply.question().len() + opt_len;
+                assert!(
+                    out.len() <= limit.max(bare),
+                    "{} bytes for {limit}",
+                    out.len()
+                );
                 let served = Reply::parse(&out);
                 assert!(served.is_ok() || out.len() > 65535, "{served:?}");
                 if let Ok(served) = served {
