@@ -64,7 +64,7 @@ fn hits(lookups: usize) {
         .map(|i| {
             let (query, reply) = messages(&format!("svc-{i}.default.svc.cluster.local."));
             let key = key_of(&query);
-            cache.insert(&key, Reply::parse(&reply).expect("parses"), t0);
+            cache.store(&key, Reply::parse(&reply).expect("parses"), t0);
             key
         })
         .collect();
@@ -130,7 +130,7 @@ fn flood(names: usize) {
         patch(&mut query, &in_query, &digits);
         patch(&mut reply, &in_reply, &digits);
         let key = key_of(&query);
-        cache.insert(&key, Reply::parse(&reply).expect("parses"), t0);
+        cache.store(&key, Reply::parse(&reply).expect("parses"), t0);
     }
     let stats = cache.stats();
     let (peak, now) = memory_kib();

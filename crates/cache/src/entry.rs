@@ -1,11 +1,12 @@
 //! One cached reply and its lifetime.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use nodedns_wire::Reply;
 
-/// The class of a cached reply; the `type` label of CoreDNS's cache metrics.
+/// The class of a cached reply: what decides its lifetime (and, in the agent, the `type` label
+/// of CoreDNS's cache metrics, where SERVFAIL counts as a denial).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
     /// NOERROR with answers.
@@ -16,17 +17,6 @@ pub enum Class {
     ServFail,
 }
 
-impl Class {
-    /// The value of the `type` label CoreDNS's cache metrics use for this class.
-    pub fn label(self) -> &'static str {
-        match self {
-            Class::Success => "success",
-            Class::Denial => "denial",
-            Class::ServFail => "servfail",
-        }
-    }
-}
-
 /// A cached reply, when it was stored, and for how long it is fresh.
 #[derive(Debug)]
 pub struct Entry {
@@ -35,12 +25,17 @@ pub struct Entry {
     stored: Instant,
     /// Lifetime after clamping, in seconds.
     ttl: u32,
-    /// Fresh lookups that found this entry; decides whether it is popular enough to prefetch.
-    /// Relaxed: it is a heuristic, an increment lost to a race changes nothing that matters.
+    /// Fresh lookups that found this entry, none more than the prefetch window after the one
+    /// before (CoreDNS's `freq`); decides whether it is popular enough to prefetch. Relaxed: it is
+    /// a heuristic, an increment lost to a race changes nothing that matters.
     hits: AtomicU32,
-    /// Set by the one lookup that reported this entry due for prefetch, so the caller starts one
-    /// refresh per entry, not one per hit while the refresh is under way.
-    prefetch_claimed: AtomicBool,
+    /// When the last of `hits` came: whole seconds after `stored` (the entry's age then).
+    last_hit: AtomicU32,
+    /// Its background refresh (a prefetch, or a refresh of the stale entry): [`FREE`], under
+    /// way ([`UNDER_WAY`]), or failed and not to be tried again before a moment (milliseconds
+    /// since `stored`, plus 1). One word, so that claiming and settling are single atomic steps:
+    /// one refresh per entry at a time, however many hits come meanwhile.
+    refresh: AtomicU64,
 }
 
 impl Entry {
@@ -51,7 +46,8 @@ impl Entry {
             stored,
             ttl,
             hits: AtomicU32::new(0),
-            prefetch_claimed: AtomicBool::new(false),
+            last_hit: AtomicU32::new(0),
+            refresh: AtomicU64::new(FREE),
         }
     }
 
@@ -68,21 +64,86 @@ impl Entry {
         self.stored
     }
 
-    /// Fresh hits so far (approximate under concurrency).
+    /// Fresh lookups that found this entry so far (whether a client asked for it while it was
+    /// fresh: a speculative fetch that nobody asked for shows 0). Since the last gap longer than
+    /// the prefetch window, which starts the count again at 1, never at 0.
     pub fn hits(&self) -> u32 {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// Counts one fresh hit and returns the count including it.
-    pub(crate) fn hit(&self) -> u32 {
+    /// Counts one fresh hit at age `at` (whole seconds since the store) and returns the count
+    /// including it: a hit more than `window` seconds after the previous one (or after the
+    /// store, for the first) starts the count again at 1, as CoreDNS's `freq.Update` does (to
+    /// the second: the ages are whole seconds, which the lookup has at hand).
+    pub(crate) fn hit(&self, at: u32, window: u32) -> u32 {
+        let last = self.last_hit.swap(at, Ordering::Relaxed);
+        if at.saturating_sub(last) > window {
+            self.hits.store(1, Ordering::Relaxed);
+            return 1;
+        }
         self.hits.fetch_add(1, Ordering::Relaxed).saturating_add(1)
     }
 
-    /// True for exactly one caller over the entry's life.
-    pub(crate) fn claim_prefetch(&self) -> bool {
-        // Load first: once claimed, every later hit reads a shared cache line instead of
-        // writing it.
-        !self.prefetch_claimed.load(Ordering::Relaxed)
-            && !self.prefetch_claimed.swap(true, Ordering::Relaxed)
+    /// Takes over the hits of `old`, the entry this one replaces while `old` was still fresh (a
+    /// prefetch): the name stays as popular as it was, as CoreDNS carries a prefetched item's
+    /// frequency over.
+    pub(crate) fn inherit(&self, old: &Entry) {
+        if old.stored() + std::time::Duration::from_secs(old.ttl.into()) > self.stored {
+            self.hits
+                .store(old.hits.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// True for the one caller that starts the entry's background refresh: none is under way,
+    /// and no failed refresh's recheck period runs at `now`. [`crate::Cache::lookup`] claims it
+    /// for a prefetch ([`crate::Lookup::Fresh`]'s `prefetch`); a caller that answers the entry
+    /// stale at once claims it to refresh the entry, once however many hits it answers
+    /// meanwhile. The claim ends when the refresh's result reaches [`crate::Cache::update`]
+    /// (a stored reply replaces the entry; a failure keeps it, with its recheck period), or
+    /// with [`Entry::release_refresh`] when the refresh could not start.
+    pub fn claim_refresh(&self, now: Instant) -> bool {
+        // Load first: while one is under way, every later hit reads a shared cache line instead
+        // of writing it.
+        let state = self.refresh.load(Ordering::Relaxed);
+        if state == UNDER_WAY || (state != FREE && self.millis_since_stored(now) < state - 1) {
+            return false;
+        }
+        self.refresh
+            .compare_exchange(state, UNDER_WAY, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Ends a claimed refresh that could not start (no room for it, or another fetch of the key
+    /// is under way): the next hit may claim it again.
+    pub fn release_refresh(&self) {
+        self.refresh.store(FREE, Ordering::Relaxed);
+    }
+
+    /// A fetch of this entry's key failed at `now` and the entry stays: no background refresh
+    /// is claimed before `recheck` has passed (one under way ends here).
+    pub(crate) fn refresh_failed(&self, now: Instant, recheck: Duration) {
+        let until = u64::try_from(recheck.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.millis_since_stored(now));
+        // +1: FREE is 0. Never UNDER_WAY.
+        let state = until.saturating_add(1).min(UNDER_WAY - 1);
+        self.refresh.store(state, Ordering::Relaxed);
+    }
+
+    /// Whether a failed fetch's recheck period runs at `now`: the entry is then answered stale
+    /// at once, without asking the upstream (RFC 8767 §5).
+    pub fn rechecking(&self, now: Instant) -> bool {
+        let state = self.refresh.load(Ordering::Relaxed);
+        state != FREE && state != UNDER_WAY && self.millis_since_stored(now) < state - 1
+    }
+
+    fn millis_since_stored(&self, now: Instant) -> u64 {
+        let elapsed = now.saturating_duration_since(self.stored);
+        u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
     }
 }
+
+/// [`Entry::refresh`]: no refresh claimed.
+const FREE: u64 = 0;
+/// [`Entry::refresh`]: one under way.
+const UNDER_WAY: u64 = u64::MAX;

@@ -15,8 +15,15 @@
 //! - [`Cache`]: classify and insert, [`Cache::lookup`] at `now` → fresh / stale / miss. Its store
 //!   is the crate's own: shards of a slab indexed by a hash table, evicting by S3-FIFO, so a
 //!   flood of names asked once cannot push out the names asked often.
+//! - [`Cache::update`]: what an upstream exchange does to the entry held: a failure (SERVFAIL,
+//!   REFUSED, no answer) never replaces a usable entry (RFC 8767 §4), nor, with
+//!   `prefer_positive`, a denial a positive one; [`Cache::stale_at_once`]: when a stale entry is
+//!   answered without asking first.
+//! - [`Cache::export`], [`Cache::import`]: entries carried to another cache (an upgrade, a
+//!   snapshot), each re-parsed and re-judged by the importing cache's policy.
 //! - [`Entry`]: one stored reply with its class, store time and clamped lifetime.
-//! - [`Flights`]: one upstream fetch per key, however many clients miss at once.
+//! - [`Flights`]: one upstream fetch per key, however many clients miss at once; a background
+//!   refresh (prefetch, stale refresh) is a fetch of its own with no waiter, at most one per key.
 //!
 //! Invariants:
 //! - A served TTL never exceeds the entry's remaining lifetime (fresh) or the stale TTL (stale):
@@ -27,12 +34,21 @@
 //!   `Policy::capacity_bytes` after every call: each insert evicts until its shard is within its
 //!   share. [`ENTRY_OVERHEAD`] is measured, so the heap the entries really use tracks the capacity.
 
+mod carry;
 mod entry;
 mod flight;
 mod policy;
+mod stale;
 mod store;
+#[cfg(test)]
+mod testutil;
 
+pub use carry::{Carried, Export, Exported, Refused};
 pub use entry::{Class, Entry};
-pub use flight::{Flights, Joined};
-pub use policy::{Clamp, MAX_TTL, Policy, PolicyError, Prefetch, Stale};
-pub use store::{Cache, ENTRY_OVERHEAD, Inserted, Lookup, Stats, Stored};
+pub use flight::{Flights, Joined, Sizes};
+pub use policy::{
+    Clamp, MAX_RECHECK, MAX_TTL, MIN_RECHECK, PREFETCH_WINDOW, Policy, PolicyError, Prefetch,
+    Refresh, Scope, Stale,
+};
+pub use stale::{Fetched, Updated};
+pub use store::{Cache, ENTRY_OVERHEAD, Lookup, Stats, Stored};

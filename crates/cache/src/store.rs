@@ -111,30 +111,27 @@ pub enum Lookup {
     Miss,
 }
 
-impl Lookup {
-    /// The entry found, fresh or stale.
-    pub fn entry(&self) -> Option<&Arc<Entry>> {
-        match self {
-            Lookup::Fresh { entry, .. } | Lookup::Stale { entry, .. } => Some(entry),
-            Lookup::Miss => None,
-        }
-    }
-}
-
-/// What an insert did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Inserted {
-    Stored(Class),
-    /// Not cacheable: truncated, REFUSED/FORMERR/NOTIMP/other RCODEs, a denial without SOA
-    /// (RFC 2308 §5), SERVFAIL with `servfail_ttl` 0, or a lifetime of 0 after clamping.
-    NotCacheable,
+/// The question name of a key's bytes ([`nodedns_wire::Key::as_bytes`]: the name, then qtype,
+/// qclass and a flags byte).
+fn qname(key: &[u8]) -> &[u8] {
+    key.get(..key.len().saturating_sub(5)).unwrap_or_default()
 }
 
 /// What [`Cache::store`] did, with what to answer from.
 #[derive(Debug)]
 pub enum Stored {
     Entry(Arc<Entry>),
+    /// Not cacheable: truncated, REFUSED/FORMERR/NOTIMP/other RCODEs, a denial without SOA
+    /// (RFC 2308 §5), SERVFAIL with `servfail_ttl` 0, or a lifetime of 0 after clamping. The
+    /// reply comes back to answer from.
     NotCacheable(Reply),
+    /// Cacheable, but its class is disabled for its name (`disable`): not kept, and answered
+    /// with `ttl`, the lifetime it would have had (CoreDNS's cache rewrites the TTLs of what it
+    /// passes on, stored or not).
+    Passed {
+        reply: Reply,
+        ttl: TtlRule,
+    },
 }
 
 /// Sizes for metrics.
@@ -152,9 +149,9 @@ pub struct Stats {
 }
 
 /// How a found entry may be used at `now`.
-enum Usable {
+pub(crate) enum Usable {
     Fresh { age: u32, remaining: u32 },
-    Stale { cap: u32 },
+    Stale { ttl: u32 },
 }
 
 impl Cache {
@@ -175,6 +172,14 @@ impl Cache {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether this cache handles `qname` (wire form, lowercase) at all: a name outside its
+    /// zones (`cache ZONES`) is neither looked up nor stored, and its answers pass untouched.
+    #[inline]
+    pub fn covers(&self, qname: &[u8]) -> bool {
+        let zones = &self.policy.scope.zones;
+        zones.is_empty() || zones.iter().any(|z| nodedns_wire::is_subdomain(qname, z))
     }
 
     /// Looks `key` up at `now`. Allocates nothing; holds the key's shard lock for the probe, the
@@ -204,29 +209,38 @@ impl Cache {
         drop(shard);
         match usable {
             Usable::Fresh { age, remaining } => {
-                let hits = entry.hit();
                 let ttl = entry.ttl();
-                let prefetch = self.policy.prefetch.is_some_and(|p| {
-                    hits >= p.amount && remaining <= p.threshold(ttl) && entry.claim_prefetch()
+                // Counted with or without prefetch: `Entry::hits` says whether a client asked.
+                let window = self.policy.prefetch.map_or(u32::MAX, |p| {
+                    u32::try_from(p.window.as_secs()).unwrap_or(u32::MAX)
                 });
+                let hits = entry.hit(age, window);
+                let prefetch = self.policy.prefetch.is_some_and(|p| {
+                    hits >= p.amount && remaining <= p.threshold(ttl) && entry.claim_refresh(now)
+                });
+                // `keepttl`: the TTLs the entry was stored with, capped at its lifetime.
+                let rule = if self.policy.keep_ttl {
+                    TtlRule::fresh(0, ttl)
+                } else {
+                    TtlRule::fresh(age, remaining)
+                };
                 Lookup::Fresh {
                     entry,
-                    ttl: TtlRule {
-                        age,
-                        cap: remaining,
-                    },
+                    ttl: rule,
                     prefetch,
                 }
             }
-            Usable::Stale { cap } => Lookup::Stale {
+            // RFC 8767 §4: every record of a stale answer gets the stale TTL, one stored with
+            // TTL 0 included (a TTL of 0 would tell the client not to keep what it got).
+            Usable::Stale { ttl } => Lookup::Stale {
                 entry,
-                ttl: TtlRule { age: 0, cap },
+                ttl: TtlRule::stale(ttl),
             },
         }
     }
 
     /// Whether `entry` is fresh or stale at `now`; `None` once it is past all use.
-    fn usable(&self, entry: &Entry, now: Instant) -> Option<Usable> {
+    pub(crate) fn usable(&self, entry: &Entry, now: Instant) -> Option<Usable> {
         let elapsed = now.saturating_duration_since(entry.stored());
         let age = u32::try_from(elapsed.as_secs()).unwrap_or(u32::MAX);
         let ttl = entry.ttl();
@@ -244,7 +258,7 @@ impl Cache {
         Duration::from_secs(ttl.into())
             .checked_add(stale.window)
             .is_none_or(|end| elapsed < end)
-            .then_some(Usable::Stale { cap: stale.ttl })
+            .then_some(Usable::Stale { ttl: stale.ttl })
     }
 
     /// Classifies `reply`, clamps its lifetime and stores it under `key` at `now`, replacing any
@@ -259,16 +273,10 @@ impl Cache {
     /// A `Stored` entry may still leave at once: evicted by the same insert when its shard is
     /// full and it is the one S3-FIFO picks, or never kept when it weighs more than a shard's
     /// budget. Both show in [`Stats::evictions`].
-    pub fn insert(&self, key: &[u8], reply: Reply, now: Instant) -> Inserted {
-        match self.store(key, reply, now) {
-            Stored::Entry(entry) => Inserted::Stored(entry.class()),
-            Stored::NotCacheable(_) => Inserted::NotCacheable,
-        }
-    }
-
-    /// Like [`Cache::insert`], but hands back what the caller needs to answer the clients that
-    /// waited for this reply: the new entry (served with `TtlRule { age: 0, cap: entry.ttl() }`),
-    /// or the reply itself when it is not cacheable. Neither counts as a hit.
+    ///
+    /// Returns what the caller needs to answer the clients that waited for this reply: the new
+    /// entry (served with `TtlRule::fresh(0, entry.ttl())`), or the reply itself when it
+    /// is not cacheable. Neither counts as a hit.
     pub fn store(&self, key: &[u8], reply: Reply, now: Instant) -> Stored {
         let Some((class, ttl)) = self.classify(&reply) else {
             return Stored::NotCacheable(reply);
@@ -276,17 +284,23 @@ impl Cache {
         if ttl == 0 {
             return Stored::NotCacheable(reply);
         }
+        if self.policy.scope.disabled(class, qname(key)) {
+            return Stored::Passed {
+                reply,
+                ttl: TtlRule::fresh(0, ttl),
+            };
+        }
         let entry = Arc::new(Entry::new(reply, class, ttl, now));
         let weight = weight(key, &entry);
         let hash = self.hash(key);
         self.shard(hash)
-            .insert(hash, key, Arc::clone(&entry), weight);
+            .insert(hash, key, Arc::clone(&entry), weight, None);
         Stored::Entry(entry)
     }
 
     /// The class and clamped lifetime `reply` would be stored with, or `None` if it is not
     /// cacheable at all.
-    fn classify(&self, reply: &Reply) -> Option<(Class, u32)> {
+    pub(crate) fn classify(&self, reply: &Reply) -> Option<(Class, u32)> {
         let info = reply.info();
         if info.truncated {
             return None;
@@ -303,6 +317,57 @@ impl Cache {
             }
             _ => None,
         }
+    }
+
+    /// The entry under `key`, whatever its state, without counting a hit.
+    pub(crate) fn peek(&self, key: &[u8]) -> Option<Arc<Entry>> {
+        let hash = self.hash(key);
+        let shard = self.shard(hash);
+        shard.get(hash, key).map(|(_, entry)| Arc::clone(entry))
+    }
+
+    /// Stores `entry` under `key` unless the key holds an entry stored later (false then);
+    /// a new key goes into S3-FIFO's main queue if `main`, as an entry known to be asked often
+    /// (a replaced entry keeps its place).
+    pub(crate) fn store_unless_newer(&self, key: &[u8], entry: Arc<Entry>, main: bool) -> bool {
+        let weight = weight(key, &entry);
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash);
+        if shard
+            .get(hash, key)
+            .is_some_and(|(_, held)| held.stored() >= entry.stored())
+        {
+            return false;
+        }
+        let queue = if main { Queue::Main } else { Queue::Small };
+        shard.insert(hash, key, entry, weight, Some(queue));
+        true
+    }
+
+    /// Shards, for [`crate::Export`]'s walk.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Every entry of shard `index` in `main`'s queue (else small's), oldest first, with the
+    /// key: a copy taken under the shard's lock, which is held for the copy only.
+    pub(crate) fn shard_entries(&self, index: usize, main: bool) -> Vec<(Box<[u8]>, Arc<Entry>)> {
+        let Some(shard) = self.shards.get(index) else {
+            return Vec::new();
+        };
+        let shard = lock(shard);
+        let (queue, fifo) = if main {
+            (Queue::Main, &shard.main)
+        } else {
+            (Queue::Small, &shard.small)
+        };
+        fifo.cells
+            .iter()
+            .filter_map(|&cell| {
+                let slot = occupied(&shard.slots, cell, queue)?;
+                Some((slot.key.clone(), Arc::clone(slot.entry.as_ref()?)))
+            })
+            .collect()
     }
 
     /// Entry counts, bytes and evictions, summed over the shards (each locked in turn: meant for
@@ -520,8 +585,16 @@ impl Shard {
         }
     }
 
-    /// Stores `entry` under `key`, then evicts until the shard is within its budget.
-    fn insert(&mut self, hash: u64, key: &[u8], entry: Arc<Entry>, weight: u32) {
+    /// Stores `entry` under `key`, then evicts until the shard is within its budget. A new key
+    /// goes into `queue` if given (else where S3-FIFO puts it).
+    fn insert(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        entry: Arc<Entry>,
+        weight: u32,
+        queue: Option<Queue>,
+    ) {
         let existing = self
             .index
             .find(hash, |&slot| self.holds(slot, key))
@@ -538,7 +611,7 @@ impl Shard {
         match existing {
             Some(slot) => self.replace(slot, entry, weight),
             None => {
-                if !self.add(hash, key, entry, weight) {
+                if !self.add(hash, key, entry, weight, queue) {
                     self.evictions += 1;
                     return;
                 }
@@ -554,6 +627,9 @@ impl Shard {
             return;
         };
         *self.counts.of(entry.class()) += 1;
+        if let Some(old) = s.entry.as_deref() {
+            entry.inherit(old);
+        }
         if let Some(old) = s.entry.replace(entry) {
             *self.counts.of(old.class()) -= 1;
         }
@@ -567,11 +643,20 @@ impl Shard {
 
     /// A new key: into small, or into main if the ghost remembers it. False if the slab is full
     /// (2³² slots: only with a capacity of a terabyte or so).
-    fn add(&mut self, hash: u64, key: &[u8], entry: Arc<Entry>, weight: u32) -> bool {
-        let queue = if !self.plain_fifo && self.ghost.contains(hash) {
-            Queue::Main
-        } else {
-            Queue::Small
+    /// `queue`, if given, is where it goes instead (an entry carried over from another cache,
+    /// with what it learnt there).
+    fn add(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        entry: Arc<Entry>,
+        weight: u32,
+        queue: Option<Queue>,
+    ) -> bool {
+        let queue = match queue {
+            Some(queue) => queue,
+            None if !self.plain_fifo && self.ghost.contains(hash) => Queue::Main,
+            None => Queue::Small,
         };
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -746,80 +831,20 @@ impl Ghost {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
-
-    use hickory_proto::op::{Message, OpCode, Query, ResponseCode};
-    use hickory_proto::rr::rdata::{A, SOA};
-    use hickory_proto::rr::{Name, RData, Record, RecordType};
+    use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+    use hickory_proto::rr::{Name, RecordType};
 
     use super::*;
-    use crate::{Clamp, Prefetch, Stale};
-
-    /// An upstream reply to `name` A: `rcode`, one A record per TTL in `answers`, and an SOA
-    /// with (TTL, MINIMUM) in the authority section if `soa` is given.
-    fn reply(
-        name: &str,
-        rcode: ResponseCode,
-        answers: &[u32],
-        soa: Option<(u32, u32)>,
-        truncated: bool,
-    ) -> Reply {
-        let name = Name::from_ascii(name).unwrap();
-        let mut msg = Message::response(0x1234, OpCode::Query);
-        msg.metadata.response_code = rcode;
-        msg.metadata.truncation = truncated;
-        msg.metadata.recursion_desired = true;
-        msg.metadata.recursion_available = true;
-        msg.add_query(Query::query(name.clone(), RecordType::A));
-        for (i, ttl) in answers.iter().enumerate() {
-            let addr = Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8);
-            msg.add_answer(Record::from_rdata(name.clone(), *ttl, RData::A(A(addr))));
-        }
-        if let Some((ttl, minimum)) = soa {
-            let zone = Name::from_ascii("example.").unwrap();
-            let soa = SOA::new(
-                Name::from_ascii("ns.example.").unwrap(),
-                Name::from_ascii("hostmaster.example.").unwrap(),
-                1,
-                3600,
-                600,
-                86_400,
-                minimum,
-            );
-            msg.add_authority(Record::from_rdata(zone, ttl, RData::SOA(soa)));
-        }
-        Reply::parse(&msg.to_vec().unwrap()).unwrap()
-    }
-
-    fn success(ttls: &[u32]) -> Reply {
-        reply("www.example.", ResponseCode::NoError, ttls, None, false)
-    }
-
-    fn nxdomain(soa: Option<(u32, u32)>) -> Reply {
-        reply("nx.example.", ResponseCode::NXDomain, &[], soa, false)
-    }
-
-    fn servfail() -> Reply {
-        reply("www.example.", ResponseCode::ServFail, &[], None, false)
-    }
-
-    fn secs(n: u64) -> Duration {
-        Duration::from_secs(n)
-    }
+    use crate::testutil::{insert, nxdomain, reply, secs, servfail, stale, success};
+    use crate::{Clamp, PREFETCH_WINDOW, Prefetch, Scope};
 
     /// The lifetime `reply` is stored with, read back through a lookup at the store time.
     fn stored_ttl(cache: &Cache, reply: Reply) -> Option<u32> {
         let t0 = Instant::now();
-        cache.insert(b"k", reply, t0);
+        insert(cache, b"k", reply, t0);
         match cache.lookup(b"k", t0) {
             Lookup::Fresh { entry, ttl, .. } => {
-                assert_eq!(
-                    ttl,
-                    TtlRule {
-                        age: 0,
-                        cap: entry.ttl()
-                    }
-                );
+                assert_eq!(ttl, TtlRule::fresh(0, entry.ttl()));
                 Some(entry.ttl())
             }
             _ => None,
@@ -831,8 +856,8 @@ mod tests {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
         assert_eq!(
-            cache.insert(b"k", success(&[300, 60, 900]), t0),
-            Inserted::Stored(Class::Success)
+            insert(&cache, b"k", success(&[300, 60, 900]), t0),
+            Some(Class::Success)
         );
         let Lookup::Fresh { entry, .. } = cache.lookup(b"k", t0) else {
             panic!("fresh entry missed")
@@ -870,8 +895,8 @@ mod tests {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
         assert_eq!(
-            cache.insert(b"nx", nxdomain(Some((3600, 30))), t0),
-            Inserted::Stored(Class::Denial)
+            insert(&cache, b"nx", nxdomain(Some((3600, 30))), t0),
+            Some(Class::Denial)
         );
         assert!(matches!(
             cache.lookup(b"nx", t0 + secs(29)),
@@ -893,8 +918,8 @@ mod tests {
             false,
         );
         assert_eq!(
-            cache.insert(b"k", nodata, Instant::now()),
-            Inserted::Stored(Class::Denial)
+            insert(&cache, b"k", nodata, Instant::now()),
+            Some(Class::Denial)
         );
         assert_eq!(cache.stats().denial, 1);
     }
@@ -920,15 +945,9 @@ mod tests {
     #[test]
     fn denial_without_soa_not_cached() {
         let cache = Cache::new(Policy::default());
-        assert_eq!(
-            cache.insert(b"nx", nxdomain(None), Instant::now()),
-            Inserted::NotCacheable
-        );
+        assert_eq!(insert(&cache, b"nx", nxdomain(None), Instant::now()), None);
         let nodata = reply("www.example.", ResponseCode::NoError, &[], None, false);
-        assert_eq!(
-            cache.insert(b"nd", nodata, Instant::now()),
-            Inserted::NotCacheable
-        );
+        assert_eq!(insert(&cache, b"nd", nodata, Instant::now()), None);
         assert!(matches!(cache.lookup(b"nx", Instant::now()), Lookup::Miss));
         assert_eq!(cache.stats(), Stats::default());
     }
@@ -937,16 +956,10 @@ mod tests {
     fn servfail_kept_five_seconds() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        assert_eq!(
-            cache.insert(b"k", servfail(), t0),
-            Inserted::Stored(Class::ServFail)
-        );
+        assert_eq!(insert(&cache, b"k", servfail(), t0), Some(Class::ServFail));
         assert!(matches!(
             cache.lookup(b"k", t0 + Duration::from_millis(4999)),
-            Lookup::Fresh {
-                ttl: TtlRule { age: 4, cap: 1 },
-                ..
-            }
+            Lookup::Fresh { ttl, .. } if ttl == TtlRule::fresh(4, 1)
         ));
         assert!(matches!(cache.lookup(b"k", t0 + secs(5)), Lookup::Miss));
     }
@@ -957,23 +970,22 @@ mod tests {
             servfail_ttl: 0,
             ..Policy::default()
         });
-        assert_eq!(
-            cache.insert(b"k", servfail(), Instant::now()),
-            Inserted::NotCacheable
-        );
+        assert_eq!(insert(&cache, b"k", servfail(), Instant::now()), None);
+    }
+
+    /// A cache with the defaults and serve-stale on: a 1 h window, TTL 30 s.
+    fn serving_stale() -> Cache {
+        Cache::new(Policy {
+            stale: Some(stale(secs(3600), 30)),
+            ..Policy::default()
+        })
     }
 
     #[test]
     fn servfail_never_served_stale() {
-        let cache = Cache::new(Policy {
-            stale: Some(Stale {
-                window: secs(3600),
-                ttl: 30,
-            }),
-            ..Policy::default()
-        });
+        let cache = serving_stale();
         let t0 = Instant::now();
-        cache.insert(b"k", servfail(), t0);
+        insert(&cache, b"k", servfail(), t0);
         assert!(matches!(cache.lookup(b"k", t0 + secs(6)), Lookup::Miss));
     }
 
@@ -981,10 +993,7 @@ mod tests {
     fn truncated_reply_not_cached() {
         let cache = Cache::new(Policy::default());
         let tc = reply("www.example.", ResponseCode::NoError, &[300], None, true);
-        assert_eq!(
-            cache.insert(b"k", tc, Instant::now()),
-            Inserted::NotCacheable
-        );
+        assert_eq!(insert(&cache, b"k", tc, Instant::now()), None);
         let tc_nx = reply(
             "nx.example.",
             ResponseCode::NXDomain,
@@ -992,10 +1001,7 @@ mod tests {
             Some((60, 60)),
             true,
         );
-        assert_eq!(
-            cache.insert(b"k", tc_nx, Instant::now()),
-            Inserted::NotCacheable
-        );
+        assert_eq!(insert(&cache, b"k", tc_nx, Instant::now()), None);
         assert!(matches!(cache.lookup(b"k", Instant::now()), Lookup::Miss));
     }
 
@@ -1010,11 +1016,7 @@ mod tests {
             ResponseCode::NotAuth,
         ] {
             let r = reply("www.example.", rcode, &[300], Some((60, 60)), false);
-            assert_eq!(
-                cache.insert(b"k", r, Instant::now()),
-                Inserted::NotCacheable,
-                "{rcode:?}"
-            );
+            assert_eq!(insert(&cache, b"k", r, Instant::now()), None, "{rcode:?}");
         }
         assert_eq!(cache.stats(), Stats::default());
     }
@@ -1026,8 +1028,8 @@ mod tests {
             ..Policy::default()
         });
         assert_eq!(
-            cache.insert(b"k", nxdomain(Some((60, 60))), Instant::now()),
-            Inserted::NotCacheable
+            insert(&cache, b"k", nxdomain(Some((60, 60))), Instant::now()),
+            None
         );
     }
 
@@ -1035,20 +1037,17 @@ mod tests {
     fn fresh_ttl_counts_whole_seconds_of_age() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[60]), t0);
+        insert(&cache, b"k", success(&[60]), t0);
         let at = |d: Duration| match cache.lookup(b"k", t0 + d) {
             Lookup::Fresh { ttl, .. } => Some(ttl),
             _ => None,
         };
-        assert_eq!(at(Duration::ZERO), Some(TtlRule { age: 0, cap: 60 }));
-        assert_eq!(
-            at(Duration::from_millis(999)),
-            Some(TtlRule { age: 0, cap: 60 })
-        );
-        assert_eq!(at(secs(7)), Some(TtlRule { age: 7, cap: 53 }));
+        assert_eq!(at(Duration::ZERO), Some(TtlRule::fresh(0, 60)));
+        assert_eq!(at(Duration::from_millis(999)), Some(TtlRule::fresh(0, 60)));
+        assert_eq!(at(secs(7)), Some(TtlRule::fresh(7, 53)));
         assert_eq!(
             at(Duration::from_millis(59_999)),
-            Some(TtlRule { age: 59, cap: 1 })
+            Some(TtlRule::fresh(59, 1))
         );
         assert_eq!(at(secs(60)), None);
     }
@@ -1057,13 +1056,10 @@ mod tests {
     fn now_before_stored_is_age_zero() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now() + secs(100);
-        cache.insert(b"k", success(&[60]), t0);
+        insert(&cache, b"k", success(&[60]), t0);
         assert!(matches!(
             cache.lookup(b"k", t0 - secs(10)),
-            Lookup::Fresh {
-                ttl: TtlRule { age: 0, cap: 60 },
-                ..
-            }
+            Lookup::Fresh { ttl, .. } if ttl == TtlRule::fresh(0, 60)
         ));
     }
 
@@ -1071,7 +1067,7 @@ mod tests {
     fn expired_entry_misses_and_is_removed() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[30]), t0);
+        insert(&cache, b"k", success(&[30]), t0);
         assert_eq!(cache.stats().success, 1);
         assert!(matches!(cache.lookup(b"k", t0 + secs(30)), Lookup::Miss));
         assert_eq!(
@@ -1087,16 +1083,10 @@ mod tests {
 
     #[test]
     fn stale_served_within_window_only() {
-        let cache = Cache::new(Policy {
-            stale: Some(Stale {
-                window: secs(3600),
-                ttl: 30,
-            }),
-            ..Policy::default()
-        });
+        let cache = serving_stale();
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[300]), t0);
-        cache.insert(b"nx", nxdomain(Some((60, 60))), t0);
+        insert(&cache, b"k", success(&[300]), t0);
+        insert(&cache, b"nx", nxdomain(Some((60, 60))), t0);
         assert!(matches!(
             cache.lookup(b"k", t0 + secs(299)),
             Lookup::Fresh { .. }
@@ -1105,11 +1095,7 @@ mod tests {
             let Lookup::Stale { entry, ttl } = cache.lookup(b"k", t0 + at) else {
                 panic!("not stale at {at:?}")
             };
-            assert_eq!(
-                ttl,
-                TtlRule { age: 0, cap: 30 },
-                "TTLs capped at the stale TTL"
-            );
+            assert_eq!(ttl, TtlRule::stale(30), "every TTL is the stale TTL");
             assert_eq!(entry.class(), Class::Success);
         }
         assert!(matches!(
@@ -1127,16 +1113,47 @@ mod tests {
     }
 
     #[test]
+    fn stale_answer_of_a_ttl_0_record_carries_the_stale_ttl() {
+        let cache = serving_stale();
+        let t0 = Instant::now();
+        // Kept 5 s (the success minimum), records with TTL 0 and 300.
+        insert(&cache, b"k", success(&[0, 300]), t0);
+        let Lookup::Stale { entry, ttl } = cache.lookup(b"k", t0 + secs(5)) else {
+            panic!("not stale after 5 s")
+        };
+        let mut query = Message::new(7, MessageType::Query, OpCode::Query);
+        query.add_query(Query::query(
+            Name::from_ascii("www.example.").unwrap(),
+            RecordType::A,
+        ));
+        let question = query.to_vec().unwrap();
+        let mut out = Vec::new();
+        entry.reply().write_answer(
+            &nodedns_wire::Query::parse(&question).unwrap(),
+            ttl,
+            512,
+            &mut out,
+        );
+        let served = Message::from_vec(&out).unwrap();
+        let ttls: Vec<u32> = served.answers.iter().map(|r| r.ttl).collect();
+        assert_eq!(ttls, [30, 30], "RFC 8767 §4: 30 s for every stale record");
+    }
+
+    #[test]
     fn expired_entry_is_a_miss_without_stale_policy() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[300]), t0);
+        insert(&cache, b"k", success(&[300]), t0);
         assert!(matches!(cache.lookup(b"k", t0 + secs(301)), Lookup::Miss));
     }
 
     fn prefetching(amount: u32, percentage: u8) -> Cache {
         Cache::new(Policy {
-            prefetch: Some(Prefetch { amount, percentage }),
+            prefetch: Some(Prefetch {
+                amount,
+                window: PREFETCH_WINDOW,
+                percentage,
+            }),
             ..Policy::default()
         })
     }
@@ -1152,7 +1169,7 @@ mod tests {
     fn prefetch_flag_fires_once() {
         let cache = prefetching(1, 10);
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[100]), t0);
+        insert(&cache, b"k", success(&[100]), t0);
         assert!(
             !prefetch_flag(&cache, b"k", t0 + secs(89)),
             "11 s left of 100: not due"
@@ -1165,39 +1182,138 @@ mod tests {
             );
         }
         // A refreshed entry is a new entry: it may fire again.
-        cache.insert(b"k", success(&[100]), t0 + secs(95));
+        insert(&cache, b"k", success(&[100]), t0 + secs(95));
         assert!(prefetch_flag(&cache, b"k", t0 + secs(185)));
     }
 
     #[test]
-    fn prefetch_needs_amount_hits() {
+    fn prefetch_needs_amount_hits_without_a_gap_longer_than_the_window() {
         let cache = prefetching(3, 10);
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[100]), t0);
-        assert!(
-            !prefetch_flag(&cache, b"k", t0 + secs(1)),
-            "hit 1 (too early anyway)"
-        );
+        insert(&cache, b"k", success(&[100]), t0);
+        assert!(!prefetch_flag(&cache, b"k", t0 + secs(1)), "hit 1");
         assert!(
             !prefetch_flag(&cache, b"k", t0 + secs(95)),
-            "hit 2: not popular enough"
+            "94 s after hit 1, more than the 60 s window: the count starts again at 1"
+        );
+        assert!(!prefetch_flag(&cache, b"k", t0 + secs(96)), "hit 2");
+        assert!(
+            prefetch_flag(&cache, b"k", t0 + secs(97)),
+            "hit 3 within the window, and due"
         );
         assert!(
-            prefetch_flag(&cache, b"k", t0 + secs(96)),
-            "hit 3: due and popular"
+            !prefetch_flag(&cache, b"k", t0 + secs(98)),
+            "one refresh per entry, however many hits follow"
+        );
+        // Gaps shorter than the window all count.
+        let cache = prefetching(3, 10);
+        insert(&cache, b"k", success(&[100]), t0);
+        assert!(!prefetch_flag(&cache, b"k", t0 + secs(40)));
+        assert!(!prefetch_flag(&cache, b"k", t0 + secs(80)));
+        assert!(prefetch_flag(&cache, b"k", t0 + secs(91)));
+    }
+
+    #[test]
+    fn a_prefetched_entry_keeps_the_hits_of_the_one_it_replaces() {
+        let cache = prefetching(3, 10);
+        let t0 = Instant::now();
+        insert(&cache, b"k", success(&[100]), t0);
+        for s in [50, 80, 91] {
+            prefetch_flag(&cache, b"k", t0 + secs(s));
+        }
+        // The refresh lands while the old entry is still fresh: the name is as popular as it was.
+        insert(&cache, b"k", success(&[100]), t0 + secs(92));
+        assert!(
+            !prefetch_flag(&cache, b"k", t0 + secs(150)),
+            "hit 4: not due"
+        );
+        assert!(prefetch_flag(&cache, b"k", t0 + secs(183)), "hit 5, due");
+        // After expiry, a miss stores a new entry that starts counting from nothing.
+        insert(&cache, b"k", success(&[100]), t0 + secs(300));
+        assert!(!prefetch_flag(&cache, b"k", t0 + secs(358)), "hit 1");
+        assert!(!prefetch_flag(&cache, b"k", t0 + secs(391)), "hit 2, due");
+    }
+
+    #[test]
+    fn keepttl_serves_the_stored_ttl_until_expiry() {
+        let cache = Cache::new(Policy {
+            keep_ttl: true,
+            ..Policy::default()
+        });
+        let t0 = Instant::now();
+        insert(&cache, b"k", success(&[100]), t0);
+        match cache.lookup(b"k", t0 + secs(60)) {
+            Lookup::Fresh { ttl, .. } => assert_eq!(ttl, TtlRule::fresh(0, 100)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(cache.lookup(b"k", t0 + secs(100)), Lookup::Miss));
+    }
+
+    /// A key for `name` (dotted, lowercase) A IN, as the agent builds it.
+    fn key_of(name: &str) -> Vec<u8> {
+        nodedns_wire::Key::new(&wire_name(name), 1, 1, false, false)
+            .unwrap()
+            .as_bytes()
+            .to_vec()
+    }
+
+    fn wire_name(name: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        for label in name.split('.').filter(|l| !l.is_empty()) {
+            out.push(label.len() as u8);
+            out.extend_from_slice(label.as_bytes());
+        }
+        out.push(0);
+        out
+    }
+
+    #[test]
+    fn a_disabled_class_is_passed_with_its_clamped_ttl_and_not_kept() {
+        let cache = Cache::new(Policy {
+            scope: Scope {
+                no_denial: vec![wire_name("sub.example.org").into()],
+                ..Scope::default()
+            },
+            ..Policy::default()
+        });
+        let t0 = Instant::now();
+        let (inside, outside) = (key_of("x.sub.example.org"), key_of("x.example.org"));
+        match cache.store(&inside, nxdomain(Some((30, 30))), t0) {
+            Stored::Passed { ttl, .. } => assert_eq!(ttl, TtlRule::fresh(0, 30)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(cache.lookup(&inside, t0), Lookup::Miss));
+        assert_eq!(
+            insert(&cache, &inside, success(&[60]), t0),
+            Some(Class::Success)
         );
         assert_eq!(
-            cache.lookup(b"k", t0).entry().map(|e| e.hits()),
-            Some(4),
-            "every fresh lookup counts"
+            insert(&cache, &outside, nxdomain(Some((30, 30))), t0),
+            Some(Class::Denial)
         );
+    }
+
+    #[test]
+    fn covers_only_names_under_the_cache_zones() {
+        let cache = Cache::new(Policy {
+            scope: Scope {
+                zones: vec![wire_name("example.com").into()],
+                ..Scope::default()
+            },
+            ..Policy::default()
+        });
+        assert!(cache.covers(&wire_name("www.example.com")));
+        assert!(cache.covers(&wire_name("example.com")));
+        assert!(!cache.covers(&wire_name("www.example.org")));
+        assert!(!cache.covers(&wire_name("badexample.com")));
+        assert!(Cache::new(Policy::default()).covers(&wire_name("anything")));
     }
 
     #[test]
     fn prefetch_of_a_short_entry_fires_in_its_last_second() {
         let cache = prefetching(1, 10);
         let t0 = Instant::now();
-        cache.insert(b"k", servfail(), t0);
+        insert(&cache, b"k", servfail(), t0);
         assert!(!prefetch_flag(&cache, b"k", t0 + secs(3)));
         assert!(prefetch_flag(
             &cache,
@@ -1210,39 +1326,47 @@ mod tests {
     fn no_prefetch_without_policy() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[100]), t0);
+        insert(&cache, b"k", success(&[100]), t0);
         assert!(!prefetch_flag(&cache, b"k", t0 + secs(99)));
     }
 
     #[test]
-    fn stale_lookups_never_prefetch_or_count_hits() {
+    fn stale_lookups_leave_the_refresh_to_the_caller() {
         let cache = Cache::new(Policy {
-            stale: Some(Stale {
-                window: secs(60),
-                ttl: 30,
-            }),
+            stale: Some(stale(secs(60), 30)),
             prefetch: Some(Prefetch {
                 amount: 1,
+                window: PREFETCH_WINDOW,
                 percentage: 10,
             }),
             ..Policy::default()
         });
         let t0 = Instant::now();
-        cache.insert(b"k", success(&[100]), t0);
+        insert(&cache, b"k", success(&[100]), t0);
+        for _ in 0..3 {
+            assert!(matches!(
+                cache.lookup(b"k", t0 + secs(100)),
+                Lookup::Stale { .. }
+            ));
+        }
         let Lookup::Stale { entry, .. } = cache.lookup(b"k", t0 + secs(100)) else {
             panic!("not stale")
         };
-        assert_eq!(entry.hits(), 0);
+        assert!(
+            entry.claim_refresh(t0 + secs(100)),
+            "the caller that serves it stale starts its refresh"
+        );
+        assert!(!entry.claim_refresh(t0 + secs(100)), "once");
     }
 
     #[test]
     fn insert_replaces_previous_entry() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        cache.insert(b"k", nxdomain(Some((60, 60))), t0);
+        insert(&cache, b"k", nxdomain(Some((60, 60))), t0);
         assert_eq!(
-            cache.insert(b"k", success(&[300]), t0 + secs(10)),
-            Inserted::Stored(Class::Success)
+            insert(&cache, b"k", success(&[300]), t0 + secs(10)),
+            Some(Class::Success)
         );
         let Lookup::Fresh { entry, ttl, .. } = cache.lookup(b"k", t0 + secs(10)) else {
             panic!("missed")
@@ -1259,11 +1383,11 @@ mod tests {
     fn stats_count_entries_per_class_and_bytes() {
         let cache = Cache::new(Policy::default());
         let t0 = Instant::now();
-        cache.insert(b"s1", success(&[300]), t0);
-        cache.insert(b"s2", success(&[300]), t0);
-        cache.insert(b"d1", nxdomain(Some((60, 60))), t0);
-        cache.insert(b"f1", servfail(), t0);
-        cache.insert(b"no", nxdomain(None), t0);
+        insert(&cache, b"s1", success(&[300]), t0);
+        insert(&cache, b"s2", success(&[300]), t0);
+        insert(&cache, b"d1", nxdomain(Some((60, 60))), t0);
+        insert(&cache, b"f1", servfail(), t0);
+        insert(&cache, b"no", nxdomain(None), t0);
         let stats = cache.stats();
         assert_eq!((stats.success, stats.denial, stats.servfail), (2, 1, 1));
         let expected: usize = [
@@ -1283,12 +1407,10 @@ mod tests {
     #[test]
     fn lookup_allocates_nothing_per_call() {
         let cache = Cache::new(Policy {
-            stale: Some(Stale {
-                window: secs(60),
-                ttl: 30,
-            }),
+            stale: Some(stale(secs(60), 30)),
             prefetch: Some(Prefetch {
                 amount: 1,
+                window: PREFETCH_WINDOW,
                 percentage: 10,
             }),
             ..Policy::default()
@@ -1296,7 +1418,7 @@ mod tests {
         let t0 = Instant::now();
         let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("name-{i}").into_bytes()).collect();
         for key in &keys[..50] {
-            cache.insert(key, success(&[100]), t0);
+            insert(&cache, key, success(&[100]), t0);
         }
         let lookups = 10_000;
         // Fresh (with the prefetch flag firing), stale, and absent keys alike.
@@ -1328,7 +1450,7 @@ mod tests {
         let reply_bytes = success(&[300]).heap_size();
         let info = allocation_counter::measure(|| {
             for (key, reply) in keys.iter().zip(&mut replies) {
-                cache.insert(key, reply.take().unwrap(), t0);
+                insert(&cache, key, reply.take().unwrap(), t0);
             }
         });
         let stats = cache.stats();
@@ -1376,17 +1498,17 @@ mod tests {
             let clamp = Clamp { min, max: min + span };
             let cache = Cache::new(Policy {
                 success: clamp,
-                stale: Some(Stale { window: secs(window), ttl: 30 }),
+                stale: Some(stale(secs(window), 30)),
                 ..Policy::default()
             });
             let t0 = Instant::now();
             let lifetime = clamp.apply(*ttls.iter().min().unwrap());
-            let inserted = cache.insert(b"k", success(&ttls), t0);
+            let inserted = insert(&cache, b"k", success(&ttls), t0);
             if lifetime == 0 {
-                proptest::prop_assert_eq!(inserted, Inserted::NotCacheable);
+                proptest::prop_assert_eq!(inserted, None);
                 return Ok(());
             }
-            proptest::prop_assert_eq!(inserted, Inserted::Stored(Class::Success));
+            proptest::prop_assert_eq!(inserted, Some(Class::Success));
             let elapsed = Duration::from_millis(elapsed_ms);
             match cache.lookup(b"k", t0 + elapsed) {
                 Lookup::Fresh { ttl, .. } => {
@@ -1398,7 +1520,7 @@ mod tests {
                 Lookup::Stale { ttl, .. } => {
                     proptest::prop_assert!(elapsed >= secs(lifetime.into()));
                     proptest::prop_assert!(elapsed < secs(u64::from(lifetime) + window));
-                    proptest::prop_assert_eq!(ttl, TtlRule { age: 0, cap: 30 });
+                    proptest::prop_assert_eq!(ttl, TtlRule::stale(30));
                 }
                 Lookup::Miss => {
                     proptest::prop_assert!(elapsed >= secs(u64::from(lifetime) + window));
@@ -1439,7 +1561,7 @@ mod tests {
             let ttls = vec![300; answers];
             for i in 0..500 {
                 let key = format!("name-{i}");
-                cache.insert(key.as_bytes(), success(&ttls), t0);
+                insert(&cache, key.as_bytes(), success(&ttls), t0);
                 let stats = cache.stats();
                 assert!(
                     stats.bytes <= capacity,
@@ -1474,7 +1596,7 @@ mod tests {
             ..Policy::default()
         });
         let t0 = Instant::now();
-        cache.insert(b"big", success(&[300; 100]), t0);
+        insert(&cache, b"big", success(&[300; 100]), t0);
         let stats = cache.stats();
         assert_eq!((stats.success, stats.bytes, stats.evictions), (0, 0, 1));
         assert!(matches!(cache.lookup(b"big", t0), Lookup::Miss));
@@ -1491,7 +1613,7 @@ mod tests {
         let t0 = Instant::now();
         let hot: Vec<(Vec<u8>, Reply)> = (0..20).map(|i| named(1_000_000 + i)).collect();
         for (key, reply) in &hot {
-            cache.insert(key, reply.clone(), t0);
+            insert(&cache, key, reply.clone(), t0);
         }
         // Each hot name is asked 5 times per round (a pod's steady traffic).
         let query_hot = |cache: &Cache| {
@@ -1507,7 +1629,7 @@ mod tests {
         let query_new = |cache: &Cache, i: usize| {
             let (key, reply) = named(i);
             assert!(matches!(cache.lookup(&key, t0), Lookup::Miss));
-            cache.insert(&key, reply, t0);
+            insert(cache, &key, reply, t0);
         };
         // Steady state first: the cache fills with ordinary names while the hot set is asked
         // for every 100 of them, so by the time it is full the hot names have been hit.
@@ -1640,7 +1762,7 @@ mod tests {
         ) {
             let cache = Cache::new(Policy {
                 capacity_bytes: capacity,
-                stale: Some(Stale { window: secs(60), ttl: 30 }),
+                stale: Some(stale(secs(60), 30)),
                 ..Policy::default()
             });
             let t0 = Instant::now();
@@ -1653,8 +1775,10 @@ mod tests {
                         else {
                             panic!("not cacheable")
                         };
-                        if let Some(found) = cache.lookup(&key, t0).entry() {
-                            proptest::prop_assert!(Arc::ptr_eq(found, &stored));
+                        if let Lookup::Fresh { entry, .. } | Lookup::Stale { entry, .. } =
+                            cache.lookup(&key, t0)
+                        {
+                            proptest::prop_assert!(Arc::ptr_eq(&entry, &stored));
                         }
                     }
                     Op::Lookup { key, at } => {
@@ -1674,7 +1798,7 @@ mod tests {
             300,
             Instant::now(),
         ));
-        shard.insert(test_hash(k), &k.to_be_bytes(), entry, weight);
+        shard.insert(test_hash(k), &k.to_be_bytes(), entry, weight, None);
     }
 
     fn test_hash(k: u64) -> u64 {
@@ -1790,7 +1914,7 @@ mod tests {
                 let key = format!("name-{i}");
                 let now = t0 + secs(round * 10);
                 assert!(matches!(cache.lookup(key.as_bytes(), now), Lookup::Miss));
-                cache.insert(key.as_bytes(), success(&[5]), now);
+                insert(&cache, key.as_bytes(), success(&[5]), now);
             }
         }
         check(&cache);
@@ -1844,8 +1968,8 @@ mod tests {
         bytes.resize(bytes.len() + 65_000, 0);
         let big = Reply::parse(&bytes).unwrap();
         assert_eq!(
-            cache.insert(b"big", big, Instant::now()),
-            Inserted::Stored(Class::Success)
+            insert(&cache, b"big", big, Instant::now()),
+            Some(Class::Success)
         );
         assert!(matches!(
             cache.lookup(b"big", Instant::now()),
@@ -1874,7 +1998,7 @@ mod tests {
                         x ^= x << 17;
                         let key = format!("name-{}", x % 4_000);
                         if matches!(cache.lookup(key.as_bytes(), t0), Lookup::Miss) {
-                            cache.insert(key.as_bytes(), success(&[300]), t0);
+                            insert(cache, key.as_bytes(), success(&[300]), t0);
                         }
                     }
                 });
