@@ -271,14 +271,23 @@ impl Host {
         host.adopt().await;
         let mut state = host.state.lock().await;
         if let Some(netlink) = &host.netlink {
-            let done = netlink
-                .ensure(&host.spec.link_name, host.spec.link_kind, &host.spec.ips)
+            let mut done = Vec::new();
+            netlink
+                .ensure(
+                    &host.spec.link_name,
+                    host.spec.link_kind,
+                    &host.spec.ips,
+                    &mut |r| done.push(r),
+                )
                 .await
                 .map_err(counted)?;
             tracing::debug!(?done, "link ready");
         }
         if host.ruleset.is_some() {
-            let done = host.write_rules(&mut state, true).await.map_err(counted)?;
+            let mut done = Vec::new();
+            host.write_rules(&mut state, true, &mut |r| done.push(r))
+                .await
+                .map_err(counted)?;
             tracing::debug!(?done, "rules written");
         }
         drop(state);
@@ -302,26 +311,34 @@ impl Host {
         let mut state = self.state.lock().await;
         let mut report = Report::default();
         let mut errors = Vec::new();
+        // Each repair is counted and logged as soon as it is made, not at the end of the pass:
+        // whoever sees the host restored (the link back, say, while the rules are still being
+        // checked) sees it counted, and a pass that fails half-way still counts what it did.
+        let metrics = &self.metrics;
+        let mut made = |repair: Repair| {
+            metrics.repaired(repair.kind());
+            tracing::info!(?repair, "host networking restored");
+            report.repairs.push(repair);
+        };
         if let Some(netlink) = &self.netlink {
-            match netlink
-                .ensure(&self.spec.link_name, self.spec.link_kind, &self.spec.ips)
+            if let Err(e) = netlink
+                .ensure(
+                    &self.spec.link_name,
+                    self.spec.link_kind,
+                    &self.spec.ips,
+                    &mut made,
+                )
                 .await
             {
-                Ok(repairs) => report.repairs.extend(repairs),
-                Err(e) => errors.push(e),
+                errors.push(e);
             }
         }
         if self.ruleset.is_some() {
-            match self.write_rules(&mut state, false).await {
-                Ok(repairs) => report.repairs.extend(repairs),
-                Err(e) => errors.push(e),
+            if let Err(e) = self.write_rules(&mut state, false, &mut made).await {
+                errors.push(e);
             }
         }
         drop(state);
-        for repair in &report.repairs {
-            self.metrics.repaired(repair.kind());
-            tracing::info!(?repair, "host networking restored");
-        }
         let outcome = match (errors.is_empty(), report.repairs.is_empty()) {
             (false, _) => Outcome::Failed,
             (true, false) => Outcome::Repaired,
@@ -352,9 +369,8 @@ impl Host {
         if self.ruleset.is_none() {
             return Ok(());
         }
-        self.write_rules(&mut state, true)
+        self.write_rules(&mut state, true, &mut |_| {})
             .await
-            .map(|_| ())
             .inspect_err(|e| self.metrics.setup_error(e.kind()))
     }
 
@@ -413,19 +429,24 @@ impl Host {
     }
 
     /// Writes the wanted rules: always with `force`, otherwise only where the current state
-    /// differs from our last write. Returns what was repaired.
-    async fn write_rules(&self, state: &mut State, force: bool) -> Result<Vec<Repair>, Error> {
+    /// differs from our last write. Tells `made` what it repaired as soon as each write is
+    /// done (one per family with iptables).
+    async fn write_rules(
+        &self,
+        state: &mut State,
+        force: bool,
+        made: &mut impl FnMut(Repair),
+    ) -> Result<(), Error> {
         let ips = self.active_ips(state.withdrawn);
         let wanted = rules::for_ips(&ips, self.spec.dns_port, self.spec.health_port);
-        let mut repairs = Vec::new();
         match self.ruleset {
             None => {}
             Some(Ruleset::Nftables) => {
                 if !force && state.nft.is_some() && nft::list().await? == state.nft {
-                    return Ok(repairs);
+                    return Ok(());
                 }
                 state.nft = Some(nft::apply(&wanted).await?);
-                repairs.push(Repair::Rules);
+                made(Repair::Rules);
             }
             Some(Ruleset::Iptables(mode)) => {
                 for family in self.spec.families() {
@@ -443,18 +464,18 @@ impl Host {
                         iptables::apply(mode, family, &of_family, expected, true).await?;
                     state.iptables.insert(family, fingerprint);
                     if plan.node_cache > 0 {
-                        repairs.push(Repair::NodeCacheRules(plan.node_cache));
+                        made(Repair::NodeCacheRules(plan.node_cache));
                     }
                     if plan.rules {
-                        repairs.push(Repair::Rules);
+                        made(Repair::Rules);
                     }
                     if plan.jumps {
-                        repairs.push(Repair::Jump);
+                        made(Repair::Jump);
                     }
                 }
             }
         }
-        Ok(repairs)
+        Ok(())
     }
 
     /// Best effort, at setup: removes node-cache's rules and link, and our own rules of the

@@ -205,14 +205,15 @@ impl Netlink {
     }
 
     /// Makes link `name` exist, of `kind`, up, holding exactly `ips` (plus the IPv6 link-local
-    /// address the kernel gives every up link). Returns what it had to change.
+    /// address the kernel gives every up link). Tells `made` each change as soon as the kernel
+    /// has made it.
     pub(crate) async fn ensure(
         &self,
         name: &str,
         kind: LinkKind,
         ips: &[IpAddr],
-    ) -> Result<Vec<Repair>, Error> {
-        let mut repairs = Vec::new();
+        made: &mut impl FnMut(Repair),
+    ) -> Result<(), Error> {
         let mut found = self.find(name).await?;
         if let Some(link) = &found {
             match link.kind.as_deref() {
@@ -235,7 +236,7 @@ impl Netlink {
             Some(link) => link,
             None => {
                 self.create(name, kind).await?;
-                repairs.push(Repair::Link);
+                made(Repair::Link);
                 self.find(name).await?.ok_or_else(|| Error::LinkGet {
                     name: name.to_owned(),
                     source: Box::new(rtnetlink::Error::RequestFailed),
@@ -244,13 +245,13 @@ impl Netlink {
         };
         if !link.up {
             self.set_up(name, link.index).await?;
-            repairs.push(Repair::LinkUp);
+            made(Repair::LinkUp);
         }
         let present = self.addresses(name, link.index).await?;
         for &ip in ips {
             if !present.iter().any(|(p, _)| *p == ip) {
                 self.add_address(name, link.index, ip).await?;
-                repairs.push(Repair::AddressAdded(ip));
+                made(Repair::AddressAdded(ip));
             }
         }
         for (ip, message) in present {
@@ -258,9 +259,9 @@ impl Netlink {
                 continue;
             }
             self.delete_address(name, ip, message).await?;
-            repairs.push(Repair::AddressRemoved(ip));
+            made(Repair::AddressRemoved(ip));
         }
-        Ok(repairs)
+        Ok(())
     }
 }
 

@@ -4,9 +4,9 @@
 //!   label values (`iptables`, `iptables_lock`, `interface_add`, `interface_check`,
 //!   `configmap`), plus `nftables`, so existing node-local-dns alerts keep working.
 //! - `nodedns_hostnet_reconcile_total{result}`: reconcile passes by outcome (`ok`, `repaired`,
-//!   `failed`).
+//!   `failed`), counted when the pass is over.
 //! - `nodedns_hostnet_repairs_total{what}`: things a reconcile pass found missing or displaced and
-//!   put back (`link`, `address`, `rules`, `jump`).
+//!   put back (`link`, `address`, `rules`, `jump`), each counted as soon as it is put back.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;

@@ -1,8 +1,8 @@
-//! Talking to CoreDNS: pooled TCP connections, UDP where asked, IDs, deadlines, retries, health
-//! and failover between upstream addresses.
+//! Talking to CoreDNS: pooled TCP connections (DNS over TLS to `tls://` upstreams), UDP where
+//! asked, IDs, deadlines, retries, health and failover between upstream addresses.
 //!
 //! A [`Group`] is one `forward` target set: several upstream addresses, a selection policy, and
-//! per address a pool of long-lived TCP connections. It takes a complete query message and
+//! per address a pool of long-lived TCP or TLS connections. It takes a complete query message and
 //! returns the validated reply bytes; it knows nothing about caching.
 //!
 //! Facts this crate is built on:
@@ -13,35 +13,57 @@
 //!   fresh one (the server may have closed it just before we wrote).
 //! - A reply is accepted only from the connection or socket that sent the query, with the same
 //!   ID (random per attempt) and the same question.
+//! - A connection can go silent without a FIN or a RST (the CoreDNS pod's node died), and
+//!   behind a ClusterIP nothing tells which connections lead to the dead endpoint, nor where
+//!   the next new one will land until kube-proxy rewrites its rules. So a query silent for
+//!   longer than its address usually takes is sent again on another connection (a hedge)
+//!   instead of waiting for a timeout, the silent connection is closed once the query is
+//!   answered, and a new connection is tried as often as needed.
 //!
 //! Map:
-//! - [`Group`]: validation, selection among the addresses, the query's deadline split across
-//!   attempts, retries and failover, admission (`max_concurrent`), readiness probes.
+//! - [`Group`]: validation, selection among the addresses, the exchanges of one query (hedges
+//!   after silence, retries after failures, failover, the deadline), admission
+//!   (`max_concurrent`), readiness probes.
 //! - `pool`: per address, the TCP connections (LIFO idle stack, a slot semaphore capping them at
 //!   `max_connections`, the idle reaper) and the one-query-at-a-time exchange on a connection.
+//! - [`Dial`]: how a pool opens a connection (any byte stream; [`Net`] in production, plain
+//!   [`Tcp`] with TLS on top for `tls://` addresses; an in-memory pipe under it in the tests, so
+//!   that deadlines, expiry and health checks run on tokio's paused clock).
+//! - [`tls`]: what a TLS upstream's certificate must satisfy, loaded and checked once per
+//!   configuration ([`tls::Settings`]); verification fails closed.
 //! - `udp`: one exchange over a fresh connected UDP socket.
-//! - `health`: consecutive failures, the down mark, and what wakes the health checker.
+//! - `health`: the down mark (CoreDNS's: failed health checks), silence, and what wakes the
+//!   health checker.
+//! - `rtt`: the round-trip estimate of each address (RFC 6298) and the hedge timeout from it.
 //! - [`Metrics`]: CoreDNS 1.11's forward/proxy metric names, plus nodedns's own for the pool.
 //!
 //! Must never: know about the cache or the client that asked; hand a connection with a query
 //! still outstanding back to the pool; return a reply that failed validation; block a runtime
 //! thread (every wait is an await bounded by the query's deadline).
 
+mod dial;
 mod group;
 mod health;
 mod metrics;
 mod msg;
+mod net;
 mod pool;
+mod rtt;
+pub mod tls;
 mod udp;
 
 #[cfg(test)]
 mod scripted;
+#[cfg(test)]
+mod testpki;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub use dial::{Dial, Tcp};
 pub use group::Group;
 pub use metrics::Metrics;
+pub use net::{Net, Stream};
 
 /// Most upstream addresses in one group (CoreDNS's limit for `forward`).
 pub const MAX_ADDRS: usize = 15;
@@ -52,7 +74,7 @@ pub enum Transport {
     /// TCP only (CoreDNS `force_tcp`; nodedns's default towards CoreDNS).
     Tcp,
     /// UDP first, TCP when the reply is truncated (CoreDNS `prefer_udp`; what the node's own
-    /// resolvers usually expect).
+    /// resolvers usually expect). `tls://` upstreams are always reached over TLS.
     PreferUdp,
 }
 
@@ -69,13 +91,19 @@ pub enum Selection {
 pub struct Config {
     /// Upstream addresses, in the order given (at most 15, as CoreDNS).
     pub addrs: Vec<SocketAddr>,
+    /// Which of `addrs` are `tls://` upstreams (DNS over TLS, RFC 7858, whatever `transport`
+    /// says), and how they are verified. `None`: all of them are plain DNS.
+    pub tls: Option<tls::Settings>,
     pub transport: Transport,
     pub selection: Selection,
-    /// Consecutive failures after which an upstream is considered down and health-checked
-    /// (CoreDNS `max_fails`, default 2; 0 disables health tracking).
+    /// Consecutive failed health checks beyond which an upstream is down (CoreDNS `max_fails`:
+    /// down at the `max_fails + 1`-th; default 2; 0 disables health checking).
     pub max_fails: u32,
-    /// Interval of the health check (`. IN NS`) while an upstream is down (default 0.5 s).
+    /// Interval of the health checks (`. IN NS`), which start when an exchange fails and go on
+    /// until one is answered (CoreDNS `health_check`, default 0.5 s).
     pub health_check: Duration,
+    /// What the health checks ask (`health_check ... [no_rec] [domain FQDN]`).
+    pub probe: Probe,
     /// Idle TCP connections are closed after this long (default 5 s, below CoreDNS's 10 s).
     pub expire: Duration,
     /// TCP connections per upstream address at most.
@@ -83,24 +111,65 @@ pub struct Config {
     /// Queries in flight in this group at most; beyond it a query fails at once with
     /// [`Error::Overloaded`] (CoreDNS `max_concurrent`).
     pub max_concurrent: usize,
-    /// Deadline for a whole query, every retry and failover included (default 2 s: well before a
-    /// stub resolver's 5 s timeout).
+    /// How long one exchange may go without a reply before it has failed (CoreDNS
+    /// `read_timeout`, default 2 s), from the moment it has a connection slot (the connect and,
+    /// to a `tls://` upstream, the TLS handshake included). Hedges start much earlier; this
+    /// bounds what a silent exchange costs.
+    pub read_timeout: Duration,
+    /// Deadline for a whole query, every hedge, retry and failover included (default 4.5 s: a
+    /// slow answer is still worth having while the client waits, and glibc and musl wait 5 s
+    /// for an attempt, so the client gets the answer, or a SERVFAIL, rather than its timeout).
+    /// CoreDNS has a fixed 5 s.
     pub timeout: Duration,
+    /// When every upstream is marked down, fail at once with [`Error::AllDown`] instead of
+    /// trying them anyway (CoreDNS `failfast_all_unhealthy_upstreams`).
+    pub failfast_all_unhealthy: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             addrs: Vec::new(),
+            tls: None,
             transport: Transport::Tcp,
             selection: Selection::Random,
             max_fails: 2,
             health_check: Duration::from_millis(500),
+            probe: Probe::default(),
             expire: Duration::from_secs(5),
             max_connections: 64,
             max_concurrent: 1000,
-            timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(2),
+            timeout: Duration::from_millis(4500),
+            failfast_all_unhealthy: false,
         }
+    }
+}
+
+/// The question of a health check: `NAME IN NS`, as CoreDNS's `forward` asks it. Any reply
+/// means the upstream is alive, whatever its RCODE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The name asked, in wire form: the root by default (`domain FQDN` changes it).
+    pub name: Vec<u8>,
+    /// RD set, the default; `no_rec` clears it (an upstream that refuses recursion still
+    /// answers, and a recursive one does not go out to resolve the name).
+    pub recursion_desired: bool,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Probe {
+            name: vec![0],
+            recursion_desired: true,
+        }
+    }
+}
+
+impl Probe {
+    /// The probe's message, ID 0.
+    pub fn query(&self) -> Vec<u8> {
+        nodedns_wire::ns_query(0, &self.name, self.recursion_desired)
     }
 }
 
@@ -113,7 +182,7 @@ pub enum Error {
     #[error("max_concurrent queries already in flight")]
     Overloaded,
     /// The deadline (`timeout`) passed before any upstream answered, or while waiting for a free
-    /// connection.
+    /// connection, or every exchange went unanswered for its `read_timeout`.
     #[error("no upstream answered within the deadline")]
     Timeout,
     /// Every attempt failed fast (connection refused, reset or closed) and the retries ran out
@@ -124,6 +193,10 @@ pub enum Error {
     /// DNS response.
     #[error("every upstream reply was rejected (wrong ID or question, or malformed)")]
     BadReply,
+    /// Every upstream is marked down and `failfast_all_unhealthy` is set: the query was not
+    /// sent (CoreDNS answers SERVFAIL).
+    #[error("every upstream is marked down")]
+    AllDown,
     /// The query cannot be forwarded: shorter than a DNS header, larger than 65535 bytes, or a
     /// response rather than a query.
     #[error("not a DNS query that can be forwarded")]
@@ -141,6 +214,8 @@ pub enum Invalid {
         "upstream {0} cannot be sent to (port 0, or an unspecified, multicast or broadcast address)"
     )]
     BadAddr(SocketAddr),
+    #[error("TLS upstream {0} is not one of the upstream addresses")]
+    TlsAddr(SocketAddr),
     #[error("health_check is zero while max_fails is not: the checker would spin")]
     HealthCheck,
     #[error("expire is zero: no connection could ever be reused")]
@@ -149,6 +224,8 @@ pub enum Invalid {
     MaxConnections,
     #[error("max_concurrent is zero: every query would be refused")]
     MaxConcurrent,
+    #[error("read_timeout is zero: every exchange would time out")]
+    ReadTimeout,
     #[error("timeout is zero: every query would time out")]
     Timeout,
 }
@@ -177,6 +254,11 @@ impl Config {
                 problems.push(Invalid::BadAddr(*addr));
             }
         }
+        for addr in self.tls.iter().flat_map(|t| &t.addrs) {
+            if !self.addrs.contains(addr) {
+                problems.push(Invalid::TlsAddr(*addr));
+            }
+        }
         if self.max_fails > 0 && self.health_check.is_zero() {
             problems.push(Invalid::HealthCheck);
         }
@@ -188,6 +270,9 @@ impl Config {
         }
         if self.max_concurrent == 0 {
             problems.push(Invalid::MaxConcurrent);
+        }
+        if self.read_timeout.is_zero() {
+            problems.push(Invalid::ReadTimeout);
         }
         if self.timeout.is_zero() {
             problems.push(Invalid::Timeout);
@@ -222,6 +307,7 @@ mod tests {
             expire: Duration::ZERO,
             max_connections: 0,
             max_concurrent: 0,
+            read_timeout: Duration::ZERO,
             timeout: Duration::ZERO,
             ..Config::default()
         };
@@ -235,6 +321,7 @@ mod tests {
                 Invalid::Expire,
                 Invalid::MaxConnections,
                 Invalid::MaxConcurrent,
+                Invalid::ReadTimeout,
                 Invalid::Timeout,
             ]
         );

@@ -11,6 +11,7 @@
 //! Labeled handles are resolved once per address when a [`crate::Group`] is built ([`Target`]),
 //! per RCODE on its first use, never per query: a query touches atomics only.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -35,7 +36,7 @@ struct ProxyTo {
 struct ProxyToRcode {
     proxy_name: &'static str,
     to: String,
-    rcode: &'static str,
+    rcode: Cow<'static, str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,13 +47,19 @@ struct ProxyToProto {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToResult {
+    to: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct To {
     to: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RcodeTo {
-    rcode: &'static str,
+    rcode: Cow<'static, str>,
     to: String,
 }
 
@@ -79,7 +86,9 @@ pub struct Metrics {
     in_flight: Family<To, Gauge>,
     connection_resets: Family<To, Counter>,
     retries: Family<To, Counter>,
+    hedges: Family<To, Counter>,
     connects: Family<To, Counter>,
+    tls_handshakes: Family<ToResult, Counter>,
 }
 
 impl Metrics {
@@ -99,7 +108,9 @@ impl Metrics {
             in_flight: Family::default(),
             connection_resets: Family::default(),
             retries: Family::default(),
+            hedges: Family::default(),
             connects: Family::default(),
+            tls_handshakes: Family::default(),
         };
         registry.register(
             "coredns_proxy_request_duration_seconds",
@@ -162,17 +173,44 @@ impl Metrics {
             m.retries.clone(),
         );
         registry.register(
+            "nodedns_upstream_hedges",
+            "Exchanges that repeat a query on another connection because an earlier exchange of the same query went silent for longer than the upstream usually takes",
+            m.hedges.clone(),
+        );
+        registry.register(
             "nodedns_upstream_connects",
             "TCP connections opened to the upstream by the pool",
             m.connects.clone(),
         );
+        registry.register(
+            "nodedns_upstream_tls_handshakes",
+            "TLS handshakes with a tls:// upstream (pooled connections and health checks), by result: full, resumed (an earlier session), failed (certificate refused, not TLS, or unfinished by the deadline)",
+            m.tls_handshakes.clone(),
+        );
         m
     }
 
-    /// The handles for one address.
-    pub(crate) fn target(&self, addr: SocketAddr) -> Target {
+    /// The handshake counters of one `tls://` address.
+    pub(crate) fn handshakes(&self, addr: SocketAddr) -> Handshakes {
+        let counter = |result| {
+            self.tls_handshakes.get_or_create_owned(&ToResult {
+                to: addr.to_string(),
+                result,
+            })
+        };
+        Handshakes {
+            full: counter("full"),
+            resumed: counter("resumed"),
+            failed: counter("failed"),
+        }
+    }
+
+    /// The handles for one address; `tls`: it is a `tls://` upstream (CoreDNS labels its
+    /// connections `proto="tcp-tls"`).
+    pub(crate) fn target(&self, addr: SocketAddr, tls: bool) -> Target {
         // CoreDNS labels `to` with host:port, IPv6 in brackets: what SocketAddr displays.
         let to = addr.to_string();
+        let stream = if tls { "tcp-tls" } else { "tcp" };
         let plain = To { to: to.clone() };
         let proto = |proto| ProxyToProto {
             proxy_name: PROXY_NAME,
@@ -185,13 +223,14 @@ impl Metrics {
                 proxy_name: PROXY_NAME,
                 to: to.clone(),
             }),
-            tcp_hits: self.conn_cache_hits.get_or_create_owned(&proto("tcp")),
-            tcp_misses: self.conn_cache_misses.get_or_create_owned(&proto("tcp")),
+            tcp_hits: self.conn_cache_hits.get_or_create_owned(&proto(stream)),
+            tcp_misses: self.conn_cache_misses.get_or_create_owned(&proto(stream)),
             udp_misses: self.conn_cache_misses.get_or_create_owned(&proto("udp")),
             connections: self.connections.get_or_create_owned(&plain),
             in_flight: self.in_flight.get_or_create_owned(&plain),
             resets: self.connection_resets.get_or_create_owned(&plain),
             retries: self.retries.get_or_create_owned(&plain),
+            hedges: self.hedges.get_or_create_owned(&plain),
             connects: self.connects.get_or_create_owned(&plain),
             by_rcode: Default::default(),
             request_duration: self.request_duration.clone(),
@@ -213,6 +252,7 @@ pub(crate) struct Target {
     pub(crate) in_flight: Gauge,
     pub(crate) resets: Counter,
     pub(crate) retries: Counter,
+    pub(crate) hedges: Counter,
     pub(crate) connects: Counter,
     /// Duration histogram and response counter per header RCODE (4 bits), created on first use
     /// so an address shows only the RCODEs it actually returned.
@@ -224,15 +264,15 @@ pub(crate) struct Target {
 
 impl Target {
     /// A reply with `rcode` arrived `took` after the exchange started.
-    pub(crate) fn reply(&self, rcode: u16, took: Duration) {
+    pub(crate) fn reply(&self, rcode: u8, took: Duration) {
         let rcode = rcode & 0xf;
         let (histogram, responses) = self.by_rcode[usize::from(rcode)].get_or_init(|| {
-            let name = nodedns_wire::rcode::name(rcode);
+            let name = rcode_label(rcode);
             (
                 self.request_duration.get_or_create_owned(&ProxyToRcode {
                     proxy_name: PROXY_NAME,
                     to: self.to.clone(),
-                    rcode: name,
+                    rcode: name.clone(),
                 }),
                 self.responses.get_or_create_owned(&RcodeTo {
                     rcode: name,
@@ -243,6 +283,23 @@ impl Target {
         histogram.observe(took.as_secs_f64());
         responses.inc();
     }
+}
+
+/// The `rcode` label CoreDNS's forward gives a reply: the RCODE's name, or its number when it
+/// has none (`plugin/pkg/proxy`: `RcodeToString`, else `strconv.Itoa`).
+fn rcode_label(rcode: u8) -> Cow<'static, str> {
+    match nodedns_wire::rcode::name(rcode.into()) {
+        Some(name) => Cow::Borrowed(name),
+        None => Cow::Owned(rcode.to_string()),
+    }
+}
+
+/// One `tls://` address's handshake counters.
+#[derive(Debug)]
+pub(crate) struct Handshakes {
+    pub(crate) full: Counter,
+    pub(crate) resumed: Counter,
+    pub(crate) failed: Counter,
 }
 
 /// Holds a gauge up for as long as it lives (an exchange in flight, an open connection), so a
@@ -278,7 +335,7 @@ mod tests {
     fn names_and_labels_match_coredns_1_11() {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        let target = metrics.target("10.0.0.10:53".parse().unwrap());
+        let target = metrics.target("10.0.0.10:53".parse().unwrap(), false);
         target.requests.inc();
         target.reply(3, Duration::from_millis(3));
         target.healthcheck_failures.inc();
@@ -300,9 +357,31 @@ mod tests {
             r#"nodedns_upstream_in_flight{to="10.0.0.10:53"} 0"#,
             r#"nodedns_upstream_connection_resets_total{to="10.0.0.10:53"} 0"#,
             r#"nodedns_upstream_retries_total{to="10.0.0.10:53"} 0"#,
+            r#"nodedns_upstream_hedges_total{to="10.0.0.10:53"} 0"#,
             r#"nodedns_upstream_connects_total{to="10.0.0.10:53"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn rcodes_are_labeled_as_coredns_forward_labels_them() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let target = metrics.target("10.0.0.10:53".parse().unwrap(), false);
+        for rcode in [2, 11, 12] {
+            target.reply(rcode, Duration::from_millis(1));
+        }
+        let text = exposition(&registry);
+        for rcode in ["SERVFAIL", "DSOTYPENI", "12"] {
+            let line = format!(
+                r#"coredns_forward_responses_total{{rcode="{rcode}",to="10.0.0.10:53"}} 1"#
+            );
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+            let line = format!(
+                r#"coredns_proxy_request_duration_seconds_count{{proxy_name="forward",to="10.0.0.10:53",rcode="{rcode}"}} 1"#
+            );
+            assert!(text.contains(&line), "missing {line} in\n{text}");
         }
     }
 
@@ -311,7 +390,7 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         metrics
-            .target("[fd00::a]:53".parse().unwrap())
+            .target("[fd00::a]:53".parse().unwrap(), false)
             .requests
             .inc();
         assert!(

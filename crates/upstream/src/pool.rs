@@ -1,11 +1,18 @@
-//! TCP connections to one upstream address.
+//! Connections to one upstream address: TCP in production, whatever the pool's [`Dial`] opens.
 //!
 //! CoreDNS reads a connection's next query only after answering the previous one, so a
 //! connection carries one query at a time and concurrency needs several connections. The pool:
 //! - caps connections at `max_connections` with a semaphore whose permits are *slots*: a query
-//!   takes a slot first (waiting, within its deadline, when all are busy), then reuses an idle
-//!   connection or dials one. Idle connections hold no slot, and a dial only happens when none is
-//!   idle, so open connections never exceed the cap.
+//!   takes a slot first (waiting when all are busy), then reuses an idle connection or dials
+//!   one. Idle connections hold no slot, and a dial only happens when none is idle, so open
+//!   connections never exceed the cap.
+//! - waits without timers of its own: the caller bounds every wait (slot, dial, reply) by
+//!   dropping the future, which closes whatever connection it held. One query then costs one
+//!   timer, the group's, however many steps it has.
+//! - can hand out only a *proven* connection ([`Pick::AnsweredAfter`]): one that answered after
+//!   a given moment, else a new one. A query hedged because its connection went silent must not
+//!   land on an idle connection that may share the silent one's fate (behind a ClusterIP, the
+//!   same dead endpoint: nothing on our side of the NAT tells them apart).
 //! - keeps idle connections on a LIFO stack: a trickle of sequential misses keeps reusing the
 //!   newest connection while the others age out; the oldest sit at the bottom, which is where the
 //!   reaper looks.
@@ -15,34 +22,40 @@
 //! - hands a connection out as a [`Lease`]; only [`Lease::release`] after a complete, validated
 //!   exchange returns it to the stack. A lease dropped any other way (error, timeout, the caller's
 //!   future dropped mid-query) closes the connection, so a late reply can never be read by the
-//!   next query.
+//!   next query. Nor is a connection pooled with bytes left after its reply, or reused when the
+//!   peer closed it or sent something while it was idle ([`Dial::usable`]).
+//! - reads replies through `nodedns_wire::frame::Buffer`, one per connection: usually one read
+//!   per reply, and no allocation but the reply's own.
 
+use std::fmt;
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use socket2::SockRef;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use nodedns_wire::frame;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use crate::dial::Dial;
 use crate::metrics::{Held, Target};
 use crate::msg::Check;
+
+/// Room a connection's read buffer starts with: most replies fit. A reply that does not grows
+/// the buffer for that connection; past [`KEEP_BUFFER`] it is given back when the connection
+/// goes idle, so a pool holds no large buffers for long.
+const BUFFER: usize = 512;
+const KEEP_BUFFER: usize = 4096;
 
 /// Why one exchange with one upstream address failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// Waiting for a free connection slot outlasted the deadline: the pool is saturated, the
-    /// upstream did nothing wrong.
-    Busy,
     /// No connection could be made (refused, unreachable), or a UDP send drew an ICMP error.
     Refused,
     /// The connection was closed or reset with the query in flight.
     Closed,
-    /// No reply before the deadline.
+    /// No reply within the read timeout (decided by the caller, which drops the exchange).
     Timeout,
     /// A reply arrived that does not answer the query (wrong ID or question, not a response).
     BadReply,
@@ -55,53 +68,67 @@ impl Fault {
     }
 }
 
-#[derive(Debug)]
-pub(crate) struct Pool {
+pub(crate) struct Pool<D: Dial> {
     addr: SocketAddr,
     expire: Duration,
+    /// Opens the connections (shared by the pools of one group).
+    dial: Arc<D>,
     /// One permit per connection in use.
     slots: Semaphore,
     /// Idle connections, oldest first; taken from and returned to the end.
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<Vec<Idle<D::Conn>>>,
     /// Wakes the reaper when the stack was empty and a connection went idle.
     went_idle: Notify,
     metrics: Arc<Target>,
 }
 
-#[derive(Debug)]
-struct Idle {
-    conn: Conn,
+struct Idle<S> {
+    conn: Conn<S>,
     since: Instant,
 }
 
-/// One open TCP connection. Closing it is dropping it.
-#[derive(Debug)]
-pub(crate) struct Conn {
-    stream: TcpStream,
+/// One open connection and what has been read from it. Closing it is dropping it.
+pub(crate) struct Conn<S> {
+    stream: S,
+    /// Bytes read and not yet taken as a reply. Empty whenever the connection is idle: bytes
+    /// left after a reply make it unusable.
+    frames: frame::Buffer,
     /// Keeps `nodedns_upstream_connections` up while the connection is open.
     _open: Held,
 }
 
 /// A connection checked out of the pool, with its slot.
-#[derive(Debug)]
-pub(crate) struct Lease<'a> {
-    pool: &'a Pool,
-    conn: Conn,
-    /// The connection came from the idle stack (so a failure may just mean the server closed it).
-    reused: bool,
+pub(crate) struct Lease<'a, D: Dial> {
+    pool: &'a Pool<D>,
+    conn: Conn<D::Conn>,
+    /// When the connection's last reply arrived, if it came from the idle stack (so a failure
+    /// may just mean the server closed it); `None` for a new one.
+    answered: Option<Instant>,
     _slot: SemaphorePermit<'a>,
 }
 
-impl Pool {
+/// Which connection a lease gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// The newest idle connection, else a new one.
+    Newest,
+    /// An idle connection that answered after this moment, else a new one (never an older idle
+    /// one).
+    AnsweredAfter(Instant),
+}
+
+impl<D: Dial> Pool<D> {
     pub(crate) fn new(
         addr: SocketAddr,
         max_connections: usize,
         expire: Duration,
+        dial: Arc<D>,
         metrics: Arc<Target>,
     ) -> Self {
         Pool {
             addr,
             expire,
+            dial,
             slots: Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)),
             idle: Mutex::new(Vec::new()),
             went_idle: Notify::new(),
@@ -109,72 +136,91 @@ impl Pool {
         }
     }
 
-    fn idle(&self) -> MutexGuard<'_, Vec<Idle>> {
+    fn idle(&self) -> MutexGuard<'_, Vec<Idle<D::Conn>>> {
         // Nothing panics while holding the lock; if something ever did, the stack is still valid.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a slot (waiting for one until `deadline`), then the newest live idle connection, or
-    /// a new one.
-    pub(crate) async fn acquire(&self, deadline: Instant) -> Result<Lease<'_>, Fault> {
-        let slot = match timeout_at(deadline, self.slots.acquire()).await {
-            Ok(Ok(slot)) => slot,
-            // The semaphore is never closed; a timeout means every connection stayed busy.
-            Ok(Err(_)) | Err(_) => return Err(Fault::Busy),
-        };
-        if let Some(conn) = self.take_idle() {
+    /// Waits for a free slot (one connection in use), as long as the caller lets it. `None`
+    /// only if the semaphore were closed, which this pool never does.
+    pub(crate) async fn slot(&self) -> Option<SemaphorePermit<'_>> {
+        self.slots.acquire().await.ok()
+    }
+
+    /// With a slot, an idle connection as `pick` says, or a new one.
+    pub(crate) async fn lease<'a>(
+        &'a self,
+        slot: SemaphorePermit<'a>,
+        pick: Pick,
+    ) -> Result<Lease<'a, D>, Fault> {
+        if let Some((conn, answered)) = self.take_idle(pick) {
             self.metrics.tcp_hits.inc();
             return Ok(Lease {
                 pool: self,
                 conn,
-                reused: true,
+                answered: Some(answered),
                 _slot: slot,
             });
         }
-        let conn = self.dial(deadline).await?;
+        let conn = self.dial().await?;
         Ok(Lease {
             pool: self,
             conn,
-            reused: false,
+            answered: None,
             _slot: slot,
         })
     }
 
-    /// Pops idle connections until one is neither expired nor closed by the peer.
-    fn take_idle(&self) -> Option<Conn> {
+    /// Pops idle connections until one is neither expired nor closed by the peer, and is one
+    /// `pick` accepts; returns it with the time of its last reply. The stack is in the order
+    /// the connections answered, so when the newest did not answer after the moment asked for,
+    /// none did.
+    fn take_idle(&self, pick: Pick) -> Option<(Conn<D::Conn>, Instant)> {
         let now = Instant::now();
         loop {
-            let idle = self.idle().pop()?;
-            if now < idle.since + self.expire && idle.conn.alive() {
-                return Some(idle.conn);
+            let mut idle = {
+                let mut stack = self.idle();
+                if let (Pick::AnsweredAfter(t), Some(top)) = (pick, stack.last()) {
+                    if top.since <= t {
+                        return None;
+                    }
+                }
+                stack.pop()?
+            };
+            if now < idle.since + self.expire && self.dial.usable(&mut idle.conn.stream) {
+                return Some((idle.conn, idle.since));
             }
             // Dropped here, outside the lock: closed.
         }
     }
 
-    async fn dial(&self, deadline: Instant) -> Result<Conn, Fault> {
+    /// Opens a connection for the pool (counted in the pool's metrics).
+    async fn dial(&self) -> Result<Conn<D::Conn>, Fault> {
         self.metrics.tcp_misses.inc();
-        let stream = match timeout_at(deadline, TcpStream::connect(self.addr)).await {
-            Err(_) => return Err(Fault::Timeout),
-            Ok(Err(e)) => {
-                tracing::debug!(upstream = %self.addr, error = %e, "connect failed");
-                return Err(Fault::Refused);
-            }
-            Ok(Ok(stream)) => stream,
-        };
-        // Each query is one small write; without NODELAY, Nagle could hold it behind the ACK of
-        // the previous exchange.
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(upstream = %self.addr, error = %e, "TCP_NODELAY not set");
-        }
+        let stream = self.connect().await?;
         self.metrics.connects.inc();
         Ok(Conn {
             stream,
+            frames: frame::Buffer::new(BUFFER),
             _open: Held::new(&self.metrics.connections),
         })
     }
 
-    fn put(&self, conn: Conn) {
+    async fn connect(&self) -> Result<D::Conn, Fault> {
+        self.dial.dial(self.addr).await.map_err(|e| {
+            tracing::debug!(upstream = %self.addr, error = %e, "connect failed");
+            Fault::Refused
+        })
+    }
+
+    fn put(&self, mut conn: Conn<D::Conn>) {
+        if !conn.frames.is_empty() {
+            // Bytes after the reply: nothing the next query could trust. Closed.
+            return;
+        }
+        if conn.frames.capacity() > KEEP_BUFFER {
+            conn.frames = frame::Buffer::new(BUFFER);
+        }
         let mut idle = self.idle();
         let was_empty = idle.is_empty();
         idle.push(Idle {
@@ -198,7 +244,7 @@ impl Pool {
                     .iter()
                     .take_while(|i| i.since + self.expire <= now)
                     .count();
-                let closed: Vec<Idle> = idle.drain(..expired).collect();
+                let closed: Vec<Idle<D::Conn>> = idle.drain(..expired).collect();
                 let next = idle.first().map(|i| i.since + self.expire);
                 drop(idle);
                 drop(closed);
@@ -211,6 +257,26 @@ impl Pool {
         }
     }
 
+    /// One exchange on a connection of its own, not counted in the pool's metrics (health
+    /// checks: they must not depend on, or disturb, the pool of an address that is misbehaving).
+    pub(crate) async fn exchange_once(
+        &self,
+        msg: &[u8],
+        check: Check<'_>,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, Fault> {
+        let once = async {
+            let mut stream = self.connect().await?;
+            let mut frames = frame::Buffer::new(BUFFER);
+            let id = rand::random();
+            let framed = crate::msg::framed(msg, id);
+            exchange(&mut stream, &mut frames, &framed, check, id).await
+        };
+        timeout_at(deadline, once)
+            .await
+            .unwrap_or(Err(Fault::Timeout))
+    }
+
     /// Idle connections right now (tests).
     #[cfg(test)]
     pub(crate) fn idle_count(&self) -> usize {
@@ -218,47 +284,47 @@ impl Pool {
     }
 }
 
-impl Conn {
-    /// Whether the peer has not closed the connection: a non-blocking peek (one syscall, nothing
-    /// consumed) must find no data and no EOF. Data on an idle connection is a stray reply, which
-    /// makes the connection as unusable as EOF does.
-    fn alive(&self) -> bool {
-        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-        // Tokio keeps its sockets non-blocking, so this returns at once.
-        matches!(
-            SockRef::from(&self.stream).peek(&mut byte),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock
-        )
+impl<D: Dial> fmt::Debug for Pool<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("addr", &self.addr)
+            .field("expire", &self.expire)
+            .field("idle", &self.idle().len())
+            .field("free_slots", &self.slots.available_permits())
+            .finish_non_exhaustive()
     }
 }
 
-impl Lease<'_> {
-    /// Sends `query` (a random ID per exchange) and returns the accepted reply. A reused
-    /// connection that turns out closed is replaced at once by a fresh one, without counting
-    /// against the upstream: the server may have closed it just before the write.
-    pub(crate) async fn exchange(
-        &mut self,
-        query: &[u8],
-        deadline: Instant,
-    ) -> Result<Vec<u8>, Fault> {
+impl<D: Dial> Lease<'_, D> {
+    /// When the connection last answered, if it came from the idle stack.
+    pub(crate) fn answered(&self) -> Option<Instant> {
+        self.answered
+    }
+
+    /// Sends `query` (a random ID per exchange) and returns the accepted reply; waits as long
+    /// as the caller lets it. A reused connection that turns out closed is replaced at once by
+    /// a fresh one, without counting against the upstream: the server may have closed it just
+    /// before the write.
+    pub(crate) async fn exchange(&mut self, query: &[u8]) -> Result<Vec<u8>, Fault> {
         loop {
             let id = rand::random();
             let framed = crate::msg::framed(query, id);
+            let conn = &mut self.conn;
             match exchange(
-                &mut self.conn.stream,
+                &mut conn.stream,
+                &mut conn.frames,
                 &framed,
                 Check::Answer(query),
                 id,
-                deadline,
             )
             .await
             {
-                Err(Fault::Closed) if self.reused => {
+                Err(Fault::Closed) if self.answered.is_some() => {
                     self.pool.metrics.resets.inc();
                     self.pool.metrics.retries.inc();
                     tracing::debug!(upstream = %self.pool.addr, "reused connection closed, retrying on a new one");
-                    self.conn = self.pool.dial(deadline).await?;
-                    self.reused = false;
+                    self.conn = self.pool.dial().await?;
+                    self.answered = None;
                 }
                 Err(Fault::Closed) => {
                     self.pool.metrics.resets.inc();
@@ -279,55 +345,43 @@ impl Lease<'_> {
     }
 }
 
-/// One exchange on a connection of its own (health checks: they must not depend on, or disturb,
-/// the pool of an address that is misbehaving).
-pub(crate) async fn exchange_once(
-    addr: SocketAddr,
-    msg: &[u8],
-    check: Check<'_>,
-    deadline: Instant,
-) -> Result<Vec<u8>, Fault> {
-    let mut stream = match timeout_at(deadline, TcpStream::connect(addr)).await {
-        Err(_) => return Err(Fault::Timeout),
-        Ok(Err(_)) => return Err(Fault::Refused),
-        Ok(Ok(stream)) => stream,
-    };
-    let _ = stream.set_nodelay(true);
-    let id = rand::random();
-    exchange(
-        &mut stream,
-        &crate::msg::framed(msg, id),
-        check,
-        id,
-        deadline,
-    )
-    .await
-}
-
-/// Writes `framed` (length prefix included) and reads one reply, accepted by `check` for `id`,
-/// before `deadline`.
-async fn exchange(
-    stream: &mut TcpStream,
+/// Writes `framed` (length prefix included) and reads one reply, accepted by `check` for `id`.
+/// The reply is cut from the stream by `nodedns_wire::frame`, as the agent's client connections
+/// are. No timer: the caller bounds it.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    frames: &mut frame::Buffer,
     framed: &[u8],
     check: Check<'_>,
     id: u16,
-    deadline: Instant,
 ) -> Result<Vec<u8>, Fault> {
     let io = async {
         stream.write_all(framed).await?;
-        let mut len = [0u8; 2];
-        stream.read_exact(&mut len).await?;
-        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        stream.read_exact(&mut reply).await?;
-        Ok::<_, io::Error>(reply)
+        // A TLS stream may hold the last record of the query until flushed (TCP: nothing to do).
+        stream.flush().await?;
+        loop {
+            match frames.ready() {
+                Ok(true) => return Ok(true),
+                // A length prefix below a header's size: never a reply.
+                Err(_) => return Ok(false),
+                Ok(false) => {}
+            }
+            let n = stream.read(frames.spare()).await?;
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            }
+            frames.filled(n);
+        }
     };
-    match timeout_at(deadline, io).await {
-        Err(_) => Err(Fault::Timeout),
+    match io.await {
         // EOF, reset, broken pipe: the server closed the connection or went away.
-        Ok(Err(_)) => Err(Fault::Closed),
-        // One query in flight at a time: a reply that does not match can only be garbage; the
-        // caller drops (closes) the connection.
-        Ok(Ok(reply)) if check.accepts(&reply, id) => Ok(reply),
-        Ok(Ok(_)) => Err(Fault::BadReply),
+        Err(_) => Err(Fault::Closed),
+        Ok(false) => Err(Fault::BadReply),
+        Ok(true) => match frames.take() {
+            // One query in flight at a time: a reply that does not match can only be garbage;
+            // the caller drops (closes) the connection.
+            Some(reply) if check.accepts(reply, id) => Ok(reply.to_vec()),
+            _ => Err(Fault::BadReply),
+        },
     }
 }

@@ -1,19 +1,40 @@
-//! A scripted upstream for the tests: TCP and UDP on one loopback port, replies built with
-//! hickory-proto, and the faults a real server does not produce on demand. Every counter change
-//! wakes [`Upstream::until`], so tests await events instead of sleeping.
+//! A scripted upstream for the tests: replies built with hickory-proto, and the faults a real
+//! server does not produce on demand. Every counter change wakes [`Upstream::until`], so tests
+//! await events instead of sleeping.
+//!
+//! Each upstream serves UDP and TCP on one loopback port, and TCP in memory too: [`Memory`]
+//! dials it over a `tokio::io::duplex` pipe, so a group built with it runs entirely inside the
+//! runtime and its tests can pause tokio's clock (deadlines, expiry and health checks then take
+//! exactly the virtual time they should, however busy the machine). An upstream started with
+//! [`Upstream::start_tls`] speaks DNS over TLS on its TCP side, in memory too. [`Dnat`] is
+//! kube-proxy in memory: a Service address whose every new connection lands on one of several
+//! upstreams, and [`Upstream::kill`] is the node of one of them dying (no FIN, no RST: silence).
 
+use std::collections::HashMap;
+use std::collections::VecDeque;
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, OpCode, Query};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+use crate::dial::Dial;
+
+/// CoreDNS closes a TCP connection after this long without a query; so does the scripted
+/// upstream.
+pub(crate) const SERVER_IDLE: Duration = Duration::from_secs(10);
+
+/// Room in each direction of an in-memory connection: a whole frame.
+const PIPE: usize = 1 << 17;
 
 /// What the upstream does with each query it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,7 +45,8 @@ pub(crate) enum Mode {
     Hold,
     /// Read the query, never answer.
     Silent,
-    /// TCP: read the query, then reset the connection (RST) without answering.
+    /// TCP: read the query, then reset the connection (RST; in memory, close it) without
+    /// answering.
     Reset,
     /// TCP: as `Reset` for the next `n` queries, then as `Answer`.
     ResetFirst(usize),
@@ -40,6 +62,11 @@ pub(crate) enum Mode {
     WrongQuestion,
     /// UDP: first a reply with the wrong ID, then the right one.
     SpoofFirst,
+    /// TCP: every reply sent twice (the second is bytes nobody asked for).
+    Twice,
+    /// As `Hold` for names that start with `slow`, as `Answer` for the others (a query the
+    /// server is slow on, among fast ones).
+    HoldSlow,
 }
 
 #[derive(Debug, Default)]
@@ -51,9 +78,14 @@ pub(crate) struct Stats {
     pub(crate) max_open: AtomicUsize,
     /// TCP connections the client closed (EOF seen while waiting for a query).
     pub(crate) client_closed: AtomicUsize,
+    /// TCP connections the upstream closed after [`SERVER_IDLE`] without a query.
+    pub(crate) server_closed_idle: AtomicUsize,
     /// Queries read, over TCP and over UDP.
     pub(crate) tcp_queries: AtomicUsize,
     pub(crate) udp_queries: AtomicUsize,
+    /// TLS: handshakes that did not complete (the client refused the certificate, spoke no TLS,
+    /// or went away). Connections count in `accepted` once their handshake completed.
+    pub(crate) tls_failed: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -62,9 +94,13 @@ struct Shared {
     /// UDP replies carry TC and no records.
     truncate_udp: bool,
     tag: u8,
+    /// Serve TCP as DNS over TLS.
+    tls: Option<Arc<rustls::ServerConfig>>,
     stats: Stats,
     changed: Notify,
     gate: Semaphore,
+    /// Its node died: connections in memory are never accepted, queries never answered.
+    dead: AtomicBool,
 }
 
 impl Shared {
@@ -96,34 +132,163 @@ pub(crate) struct Upstream {
 
 impl Drop for Upstream {
     fn drop(&mut self) {
+        registry().lock().unwrap().remove(&self.addr);
         for t in &self.tasks {
             t.abort();
         }
     }
 }
 
+/// The upstreams [`Memory`] can dial, by address (each one's real port: unique while it lives).
+fn registry() -> &'static Mutex<HashMap<SocketAddr, Weak<Shared>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<SocketAddr, Weak<Shared>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Mutex::default)
+}
+
+/// Dials the scripted upstreams in memory: each connection is a `tokio::io::duplex` pipe whose
+/// other end the upstream serves as it serves a TCP connection. An address with no upstream
+/// refuses the connection.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Memory;
+
+impl Dial for Memory {
+    type Conn = DuplexStream;
+
+    async fn dial(&self, addr: SocketAddr) -> io::Result<DuplexStream> {
+        dial_memory(addr).await
+    }
+}
+
+async fn dial_memory(addr: SocketAddr) -> io::Result<DuplexStream> {
+    let shared = registry()
+        .lock()
+        .unwrap()
+        .get(&addr)
+        .and_then(Weak::upgrade);
+    let shared = shared.ok_or(io::ErrorKind::ConnectionRefused)?;
+    if shared.dead.load(Ordering::SeqCst) {
+        // A SYN nobody answers: the connect waits until the caller gives up.
+        std::future::pending::<()>().await;
+    }
+    let (client, server) = tokio::io::duplex(PIPE);
+    serve(shared, server, None);
+    Ok(client)
+}
+
+/// kube-proxy's DNAT in memory: a connection to `service` lands on one of the endpoints, the
+/// next one the script names (then the endpoints in turn); other addresses are dialed as
+/// [`Memory`] does. Clones share the state.
+#[derive(Debug, Clone)]
+pub(crate) struct Dnat {
+    service: SocketAddr,
+    state: Arc<Mutex<DnatState>>,
+}
+
+#[derive(Debug)]
+struct DnatState {
+    endpoints: Vec<SocketAddr>,
+    /// Indexes into `endpoints` for the next dials.
+    script: VecDeque<usize>,
+    turn: usize,
+    /// The endpoint each dial went to, in order.
+    dials: Vec<SocketAddr>,
+}
+
+impl Dnat {
+    pub(crate) fn new(service: SocketAddr, endpoints: &[SocketAddr]) -> Self {
+        Dnat {
+            service,
+            state: Arc::new(Mutex::new(DnatState {
+                endpoints: endpoints.to_vec(),
+                script: VecDeque::new(),
+                turn: 0,
+                dials: Vec::new(),
+            })),
+        }
+    }
+
+    /// The next dials go to these endpoints (indexes), in this order.
+    pub(crate) fn script(&self, next: &[usize]) {
+        self.state.lock().unwrap().script.extend(next);
+    }
+
+    /// kube-proxy rewrote its rules: only these endpoints from now on.
+    pub(crate) fn set_endpoints(&self, endpoints: &[SocketAddr]) {
+        let mut state = self.state.lock().unwrap();
+        state.endpoints = endpoints.to_vec();
+        state.script.clear();
+    }
+
+    /// Where every dial to the service went, in order.
+    pub(crate) fn dials(&self) -> Vec<SocketAddr> {
+        self.state.lock().unwrap().dials.clone()
+    }
+}
+
+impl Dial for Dnat {
+    type Conn = DuplexStream;
+
+    async fn dial(&self, addr: SocketAddr) -> io::Result<DuplexStream> {
+        if addr != self.service {
+            return dial_memory(addr).await;
+        }
+        let endpoint = {
+            let mut state = self.state.lock().unwrap();
+            let n = state.endpoints.len();
+            let pick = match state.script.pop_front() {
+                Some(i) => i % n,
+                None => {
+                    state.turn += 1;
+                    state.turn % n
+                }
+            };
+            let endpoint = state.endpoints[pick];
+            state.dials.push(endpoint);
+            endpoint
+        };
+        dial_memory(endpoint).await
+    }
+}
+
 impl Upstream {
     /// TCP and UDP on the same loopback port, answering with `192.0.2.<tag>`.
     pub(crate) async fn start(mode: Mode, tag: u8) -> Self {
-        Self::start_with(mode, tag, false).await
+        Self::start_with(mode, tag, false, None).await
     }
 
     /// As [`Upstream::start`]; UDP replies are truncated (TC, no records).
     pub(crate) async fn start_truncating(tag: u8) -> Self {
-        Self::start_with(Mode::Answer, tag, true).await
+        Self::start_with(Mode::Answer, tag, true, None).await
     }
 
-    async fn start_with(mode: Mode, tag: u8, truncate_udp: bool) -> Self {
+    /// As [`Upstream::start`], with TCP (and its in-memory pipes) served as DNS over TLS with
+    /// `config`.
+    pub(crate) async fn start_tls(mode: Mode, tag: u8, config: Arc<rustls::ServerConfig>) -> Self {
+        Self::start_with(mode, tag, false, Some(config)).await
+    }
+
+    async fn start_with(
+        mode: Mode,
+        tag: u8,
+        truncate_udp: bool,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
         let (tcp, udp) = bind_pair().await;
         let addr = tcp.local_addr().unwrap();
         let shared = Arc::new(Shared {
             mode: Mutex::new(mode),
             truncate_udp,
             tag,
+            tls,
             stats: Stats::default(),
             changed: Notify::new(),
             gate: Semaphore::new(0),
+            dead: AtomicBool::new(false),
         });
+        registry()
+            .lock()
+            .unwrap()
+            .insert(addr, Arc::downgrade(&shared));
         let tasks = vec![
             tokio::spawn(serve_tcp(tcp, shared.clone())),
             tokio::spawn(serve_udp(udp, shared.clone())),
@@ -143,12 +308,19 @@ impl Upstream {
         *self.shared.mode.lock().unwrap() = mode;
     }
 
+    /// Its node dies: in memory, new connections are never accepted and no query is answered
+    /// again, on any connection (nothing is closed or reset).
+    pub(crate) fn kill(&self) {
+        self.shared.dead.store(true, Ordering::SeqCst);
+    }
+
     /// Lets `n` held queries be answered.
     pub(crate) fn release(&self, n: usize) {
         self.shared.gate.add_permits(n);
     }
 
-    /// Waits until `cond` holds (checked after every counter change), at most 5 s.
+    /// Waits until `cond` holds (checked after every counter change), at most 60 s (of paused
+    /// time, in the tests that pause it: beyond anything a test waits for).
     pub(crate) async fn until(&self, what: &str, cond: impl Fn(&Stats) -> bool) {
         let wait = async {
             loop {
@@ -161,7 +333,7 @@ impl Upstream {
                 changed.await;
             }
         };
-        if tokio::time::timeout(Duration::from_secs(5), wait)
+        if tokio::time::timeout(Duration::from_secs(60), wait)
             .await
             .is_err()
         {
@@ -221,25 +393,61 @@ async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let open = shared.stats.open.fetch_add(1, Ordering::SeqCst) + 1;
-        shared.stats.max_open.fetch_max(open, Ordering::SeqCst);
-        shared.bump(&shared.stats.accepted);
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            serve_connection(stream, &shared).await;
-            shared.stats.open.fetch_sub(1, Ordering::SeqCst);
-            shared.changed.notify_waiters();
-        });
+        let reset = socket2::SockRef::from(&stream).try_clone().ok();
+        serve(shared.clone(), stream, reset);
     }
 }
 
-async fn serve_connection(mut stream: TcpStream, shared: &Shared) {
+/// Serves one connection: at once, or once its TLS handshake completed.
+fn serve<S>(shared: Arc<Shared>, stream: S, reset: Option<socket2::Socket>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some(acceptor) = shared.tls.clone().map(TlsAcceptor::from) else {
+        accept(shared, stream, reset);
+        return;
+    };
+    tokio::spawn(async move {
+        match acceptor.accept(stream).await {
+            Ok(stream) => accept(shared, stream, reset),
+            Err(_) => shared.bump(&shared.stats.tls_failed),
+        }
+    });
+}
+
+/// Serves one connection in a task of its own. `reset`: the socket under it, for
+/// [`Mode::Reset`]'s RST (none in memory).
+fn accept<S>(shared: Arc<Shared>, stream: S, reset: Option<socket2::Socket>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let open = shared.stats.open.fetch_add(1, Ordering::SeqCst) + 1;
+    shared.stats.max_open.fetch_max(open, Ordering::SeqCst);
+    shared.bump(&shared.stats.accepted);
+    tokio::spawn(async move {
+        serve_connection(stream, reset, &shared).await;
+        shared.stats.open.fetch_sub(1, Ordering::SeqCst);
+        shared.changed.notify_waiters();
+    });
+}
+
+async fn serve_connection<S>(mut stream: S, reset: Option<socket2::Socket>, shared: &Shared)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut answered = 0;
     loop {
         let mut len = [0u8; 2];
-        if stream.read_exact(&mut len).await.is_err() {
-            shared.bump(&shared.stats.client_closed);
-            return;
+        match tokio::time::timeout(SERVER_IDLE, stream.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => {
+                shared.bump(&shared.stats.client_closed);
+                return;
+            }
+            Err(_) => {
+                shared.bump(&shared.stats.server_closed_idle);
+                return;
+            }
         }
         let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
         if stream.read_exact(&mut query).await.is_err() {
@@ -247,13 +455,20 @@ async fn serve_connection(mut stream: TcpStream, shared: &Shared) {
             return;
         }
         shared.bump(&shared.stats.tcp_queries);
-        let mode = shared.mode();
+        if shared.dead.load(Ordering::SeqCst) {
+            continue;
+        }
+        let mut mode = shared.mode();
+        if mode == Mode::HoldSlow {
+            let slow = reply_name(&query).is_some_and(|n| n.starts_with("slow"));
+            mode = if slow { Mode::Hold } else { Mode::Answer };
+        }
         match mode {
             Mode::Silent => continue,
             Mode::Reset => {
-                socket2::SockRef::from(&stream)
-                    .set_linger(Some(Duration::ZERO))
-                    .unwrap();
+                if let Some(socket) = &reset {
+                    socket.set_linger(Some(Duration::ZERO)).unwrap();
+                }
                 return;
             }
             Mode::DropAfter(n) if answered >= n => return,
@@ -265,10 +480,15 @@ async fn serve_connection(mut stream: TcpStream, shared: &Shared) {
             frames.extend(reply(&query, shared.tag, Mode::WrongId, false));
         }
         frames.extend(reply(&query, shared.tag, mode, false));
+        if mode == Mode::Twice {
+            frames.extend(reply(&query, shared.tag, mode, false));
+        }
         for frame in frames {
             let mut out = (frame.len() as u16).to_be_bytes().to_vec();
             out.extend_from_slice(&frame);
             if stream.write_all(&out).await.is_err() {
+                // The client closed it (in memory, writing to a closed pipe fails at once).
+                shared.bump(&shared.stats.client_closed);
                 return;
             }
         }
@@ -305,6 +525,12 @@ async fn serve_udp(socket: UdpSocket, shared: Arc<Shared>) {
             let _ = socket.send_to(&r, from).await;
         }
     }
+}
+
+/// The question's name of a query, lowercased.
+fn reply_name(query: &[u8]) -> Option<String> {
+    let msg = Message::from_vec(query).ok()?;
+    Some(msg.queries.first()?.name().to_ascii().to_ascii_lowercase())
 }
 
 /// A query for `name` (A, RD set) with ID `id`.

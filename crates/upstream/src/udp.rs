@@ -9,20 +9,21 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tokio::net::UdpSocket;
-use tokio::time::{Instant, timeout_at};
 
-use crate::msg::{Check, set_id};
+use nodedns_wire::set_id;
+
+use crate::msg::Check;
 use crate::pool::Fault;
 
 /// Largest datagram: reading into anything smaller could cut a reply short without notice.
 const MAX_DATAGRAM: usize = 65535;
 
-/// Sends `msg` to `addr` with a random ID and waits until `deadline` for a reply `check` accepts.
+/// Sends `msg` to `addr` with a random ID and waits for a reply `check` accepts, as long as the
+/// caller lets it (no timer of its own).
 pub(crate) async fn exchange(
     addr: SocketAddr,
     msg: &[u8],
     check: Check<'_>,
-    deadline: Instant,
 ) -> Result<Vec<u8>, Fault> {
     let local: SocketAddr = if addr.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()
@@ -46,11 +47,10 @@ pub(crate) async fn exchange(
             tracing::debug!(upstream = %addr, "ignored a UDP datagram that does not answer the query");
         }
     };
-    match timeout_at(deadline, io).await {
-        Err(_) => Err(Fault::Timeout),
+    match io.await {
         // ICMP port or host unreachable, reported on the connected socket.
-        Ok(Err(_)) => Err(Fault::Refused),
-        Ok(Ok(mut reply)) => {
+        Err(_) => Err(Fault::Refused),
+        Ok(mut reply) => {
             reply.shrink_to_fit();
             Ok(reply)
         }
