@@ -49,24 +49,60 @@ pub struct RunArgs {
     #[arg(long, default_value = "1s", value_parser = config::go_duration)]
     pub drain: Duration,
 
-    /// Open TCP client connections at most.
-    #[arg(long, default_value_t = 1024)]
-    pub tcp_max_connections: usize,
+    /// Open TCP client connections at most (default: 1024, or fewer when the descriptor limit
+    /// leaves less beside what the agent keeps for itself).
+    #[arg(long)]
+    pub tcp_max_connections: Option<usize>,
 
     /// Close a TCP client connection after this long without a complete query.
     #[arg(long, default_value = "10s", value_parser = config::go_duration)]
     pub tcp_idle_timeout: Duration,
 
     /// Open TCP connections from one client address at most (0: no per-client limit), so one
-    /// client cannot take every connection.
-    #[arg(long, default_value_t = 128)]
-    pub tcp_max_connections_per_client: usize,
+    /// client cannot take every connection (default: 128, or an eighth of
+    /// --tcp-max-connections when that is less).
+    #[arg(long)]
+    pub tcp_max_connections_per_client: Option<usize>,
+
+    /// Abort a TCP client connection when a write of its answers makes no progress for this
+    /// long (the client does not read them).
+    #[arg(long, default_value = "5s", value_parser = config::go_duration)]
+    pub tcp_write_timeout: Duration,
+
+    /// UDP queries a second answered per client address (a burst of as many at once); beyond
+    /// that as many again are answered TC=1 (the client asks again over TCP) and the rest
+    /// dropped. 0: no limit. Loopback clients are not limited (see --udp-rate-limit-loopback).
+    #[arg(long, value_name = "QPS", default_value_t = crate::serve::ratelimit::DEFAULT_RATE)]
+    pub udp_rate_limit: u32,
+
+    /// Limit loopback clients (127.0.0.0/8, ::1) by --udp-rate-limit too.
+    #[arg(long)]
+    pub udp_rate_limit_loopback: bool,
 
     /// Directory shared by every nodedns instance on the node (a hostPath). A new instance takes
     /// the listening sockets over from the running one through a Unix socket here, so an upgrade
     /// loses no query (docs/reliability.md). Without it, no hand-over.
     #[arg(long, value_name = "DIR", env = "NODEDNS_HANDOFF_DIR")]
     pub handoff_dir: Option<std::path::PathBuf>,
+
+    /// With --handoff-dir: the last instance to exit writes its cache there (`cache.snapshot`),
+    /// and an instance that starts with nobody to take over from loads it if it was written at
+    /// most this long ago (0: no snapshot; the default is serve-stale's default window, beyond
+    /// which little of a cache is still usable). A hand-over carries the cache without it.
+    #[arg(
+        long,
+        default_value = "1h",
+        value_name = "DURATION",
+        value_parser = config::go_duration,
+        env = "NODEDNS_CACHE_SNAPSHOT_MAX_AGE"
+    )]
+    pub cache_snapshot_max_age: Duration,
+
+    /// With --handoff-dir: neither send the cache to the instance the listening sockets are
+    /// handed to, nor read the one the instance handing them over sends (the sockets are
+    /// handed over all the same).
+    #[arg(long, env = "NODEDNS_NO_CACHE_HANDOVER")]
+    pub no_cache_handover: bool,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "NODEDNS_LOG_FORMAT")]
@@ -84,6 +120,9 @@ pub struct RunArgs {
     /// Share of the queries of logged blocks that is written, in (0, 1]: 0.01 logs one in 100.
     #[arg(long, default_value_t = 1.0, value_name = "FRACTION", value_parser = sample_rate)]
     pub query_log_sample: f64,
+
+    #[command(flatten)]
+    pub clients: crate::clients::Args,
 
     /// Do not count on the request path (the metrics endpoint stays, with request counts at
     /// zero). For measuring what counting costs.

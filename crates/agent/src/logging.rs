@@ -1,5 +1,5 @@
 //! Logs: `tracing` to stderr, human-readable or JSON, with a filter that can change while the
-//! agent runs; repeated errors rate-limited; an optional, sampled query log.
+//! agent runs; repeated errors rate-limited.
 //!
 //! - [`init`] installs the subscriber once, at start-up, and returns the [`Handle`] that changes
 //!   the filter later: the admin endpoint `PUT /log-level` and the signals SIGUSR1 (everything
@@ -7,20 +7,21 @@
 //! - [`RateLimit`]: an error that repeats (an upstream that is down fails every query) is logged
 //!   once, then at most once per interval with the count of the lines it replaced, never one line
 //!   per query.
-//! - [`query`]: one line per answered query of a block with `log` (or every block with
-//!   `--query-log`), sampled (`--query-log-sample`), for debugging the ndots search-list cascade.
-//!   Its target is `nodedns::query`, so a filter can silence it (`nodedns::query=off`).
+//! - [`name_text`], [`TypeName`], [`rcode_text`]: a wire-form name, a type and an RCODE as
+//!   CoreDNS's logs print them.
+//!
+//! What is logged is decided where it happens (the query log and the `errors` directive live
+//! with the request path, in `serve`); this module knows nothing of DNS requests.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use nodedns_wire::Query;
+use nodedns_wire::{rcode, rtype};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
-
-use crate::metrics::{Client, Source};
 
 /// Why logging could not be set up or its filter changed.
 #[derive(Debug, thiserror::Error)]
@@ -194,34 +195,25 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Logs one answered query (the `log` directive's line, in fields): where it arrived, who asked,
-/// the question, what answered and how.
-pub fn query(
-    server: &str,
-    query: &Query<'_>,
-    client: &Client,
-    source: Source,
-    response: &[u8],
-    elapsed: Duration,
-) {
-    let rcode = response.get(3).map_or(0, |b| usize::from(b & 0x0f));
-    tracing::info!(
-        target: "nodedns::query",
-        server,
-        remote = %client.addr,
-        id = query.id(),
-        qtype = %crate::metrics::qtype_name(query.qtype()),
-        qname = %name_text(query.qname()),
-        proto = client.proto.as_str(),
-        size = query.bytes().len(),
-        dnssec_ok = query.dnssec_ok(),
-        bufsize = query.udp_limit(),
-        rcode = crate::metrics::RCODE_NAMES[rcode.min(15)],
-        answered_by = source.as_str(),
-        rsize = response.len(),
-        duration = elapsed.as_secs_f64(),
-        "query"
-    );
+/// A query type as CoreDNS's log writes it: its mnemonic, or `TYPE<n>` (RFC 3597 §5).
+#[derive(Debug, Clone, Copy)]
+pub struct TypeName(pub u16);
+
+impl std::fmt::Display for TypeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match rtype::name(self.0) {
+            Some(name) => f.write_str(name),
+            None => write!(f, "TYPE{}", self.0),
+        }
+    }
+}
+
+/// An RCODE as CoreDNS's log writes it: its name, or its number.
+pub fn rcode_text(rcode: u8) -> Cow<'static, str> {
+    match rcode::name(rcode.into()) {
+        Some(name) => Cow::Borrowed(name),
+        None => Cow::Owned(rcode.to_string()),
+    }
 }
 
 /// A wire-form name in presentation form (RFC 1035 §5.1): labels joined by dots, ending with the
@@ -292,6 +284,16 @@ mod tests {
             Some(7999),
             "every held-back event is counted"
         );
+    }
+
+    #[test]
+    fn types_and_rcodes_print_as_coredns_logs_them() {
+        assert_eq!(TypeName(13).to_string(), "HINFO");
+        assert_eq!(TypeName(65).to_string(), "HTTPS");
+        assert_eq!(TypeName(54).to_string(), "TYPE54");
+        assert_eq!(rcode_text(3), "NXDOMAIN");
+        assert_eq!(rcode_text(11), "DSOTYPENI");
+        assert_eq!(rcode_text(12), "12");
     }
 
     #[test]

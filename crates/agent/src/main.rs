@@ -1,9 +1,10 @@
-//! The `nodedns` binary: parse the command line, load the configuration, run, exit.
+//! The `nodedns` binary: parse the command line, raise the descriptor limit, load the
+//! configuration, run, exit.
 //!
 //! Exit codes: 0 after a clean shutdown, 64 (EX_USAGE) for a bad command line or configuration,
 //! 1 for anything else that stops start-up (or a forwarding loop found at start).
 
-use nodedns_agent::{app, cli, config, logging, top};
+use nodedns_agent::{app, cli, logging, top};
 use std::process::ExitCode;
 
 /// EX_USAGE from sysexits.h: the command line or the configuration is wrong.
@@ -35,22 +36,20 @@ fn run(args: cli::RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let config = match config::load(&args.config) {
-        Ok(config) => config,
+    app::raise_descriptor_limit();
+    let settings = match app::Settings::new(args) {
+        Ok(settings) => settings,
         Err(err) => {
             tracing::error!("{err}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if args.check_config {
-        print!("{}", app::summary(&config));
+    if settings.check_only {
+        print!("{}", app::summary(&settings));
         return ExitCode::SUCCESS;
     }
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
+        .worker_threads(settings.threads)
         .enable_all()
         .build()
     {
@@ -60,10 +59,15 @@ fn run(args: cli::RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(app::run(args, config, log)) {
+    let served = runtime.block_on(async {
+        let app = app::App::build(settings, log).await?;
+        app.serve().await
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err:#}");
+            // The error and its causes, one line.
+            tracing::error!("{:#}", anyhow::Error::from(err));
             ExitCode::FAILURE
         }
     }

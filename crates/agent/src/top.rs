@@ -3,8 +3,10 @@
 //! Every `--interval` it scrapes the endpoint and shows what changed since the previous scrape:
 //! queries per second (by transport), the cache hit ratio, the share of each RCODE (NXDOMAIN is
 //! the ndots cascade), the top query types, and per upstream address the request rate, latency
-//! quantiles and pool state. It reads CoreDNS's names, so it also works against node-cache or
-//! CoreDNS (without the `nodedns_*` pool columns).
+//! quantiles and pool state; then the heaviest clients (queries per second, NXDOMAIN and
+//! search-path shares, hit ratio, long and random-looking names, distinct names per minute under
+//! their busiest zone) and the most asked names with who asks them. It reads CoreDNS's names, so
+//! it also works against node-cache or CoreDNS (without the `nodedns_*` panels).
 //!
 //! The pieces are pure functions ([`parse`], [`View::between`], [`View::render`]) so tests feed
 //! them text; only [`scrape`] does I/O (HTTP/1.0 over a plain TCP connection).
@@ -130,11 +132,11 @@ impl Scrape {
     }
 
     fn total(&self, name: &str) -> f64 {
-        self.samples
+        sum(self
+            .samples
             .iter()
             .filter(|s| s.name == name)
-            .map(|s| s.value)
-            .sum()
+            .map(|s| s.value))
     }
 }
 
@@ -263,6 +265,33 @@ pub struct Upstream {
     pub failed_checks: f64,
 }
 
+/// One client's row (`nodedns_client_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientRow {
+    /// The address, or `other` for every client outside the top K.
+    pub client: String,
+    pub qps: f64,
+    /// Shares of its answers; `None` without answers in the interval.
+    pub nxdomain: Option<f64>,
+    pub search_path: Option<f64>,
+    pub hit_ratio: Option<f64>,
+    pub long_per_s: f64,
+    pub random_per_s: f64,
+    /// Distinct names per minute under its busiest zone, and the zone.
+    pub distinct: Option<(f64, String)>,
+}
+
+/// One row of the names panel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NameRow {
+    pub name: String,
+    pub client: String,
+    pub qps: f64,
+}
+
+/// Rows of the clients and names panels at most.
+const PANEL_ROWS: usize = 10;
+
 /// What one refresh shows: rates over the interval between two scrapes, gauges from the later.
 #[derive(Debug, Clone, PartialEq)]
 pub struct View {
@@ -285,6 +314,16 @@ pub struct View {
     /// (type, share of the interval's requests), largest first, at most 6.
     pub types: Vec<(String, f64)>,
     pub upstreams: Vec<Upstream>,
+    /// The heaviest clients first, `other` last.
+    pub clients: Vec<ClientRow>,
+    /// The most asked names first.
+    pub names: Vec<NameRow>,
+}
+
+/// The sum of `values`, 0 when there are none. (`Iterator::sum` of no floats is -0.0, the
+/// neutral element of IEEE addition, which prints as `-0.0/s`.)
+fn sum(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |total, v| total + v)
 }
 
 /// `after - before` per key (counters; a reset counts from zero).
@@ -303,7 +342,7 @@ fn delta(
 
 /// Shares of each key of `counts` (a single label), largest first.
 fn shares(counts: &BTreeMap<Vec<String>, f64>) -> Vec<(String, f64)> {
-    let total: f64 = counts.values().sum();
+    let total = sum(counts.values().copied());
     if total <= 0.0 {
         return Vec::new();
     }
@@ -351,10 +390,7 @@ impl View {
             .as_secs_f64()
             .max(1e-3);
         let rate = |name: &str| {
-            delta(&before.by(name, &[]), &after.by(name, &[]))
-                .values()
-                .sum::<f64>()
-                / seconds
+            sum(delta(&before.by(name, &[]), &after.by(name, &[])).into_values()) / seconds
         };
         let per =
             |name: &str, labels: &[&str]| delta(&before.by(name, labels), &after.by(name, labels));
@@ -379,7 +415,7 @@ impl View {
                 let e = per_cache.entry(key).or_insert(0.0);
                 *e = e.max(s.value);
             }
-            per_cache.values().sum()
+            sum(per_cache.into_values())
         };
         let has = |name: &str| after.samples.iter().any(|s| s.name == name);
 
@@ -435,7 +471,10 @@ impl View {
             })
             .collect();
 
+        let (clients, names) = client_panels(before, after, seconds);
         View {
+            clients,
+            names,
             seconds,
             qps: rate("coredns_dns_requests_total"),
             udp_qps: proto("udp"),
@@ -525,6 +564,7 @@ impl View {
             let _ = writeln!(out, "            (none)");
         }
         let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |s| format!("{:.2}ms", s * 1e3));
+        let share = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), pct);
         let n = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{}", v as u64));
         for u in &self.upstreams {
             let _ = writeln!(
@@ -541,8 +581,127 @@ impl View {
                 u.failed_checks as u64
             );
         }
+        let _ = writeln!(
+            out,
+            "\nclients     {:<40} {:>9} {:>9} {:>11} {:>9} {:>7} {:>9} {:>12}  zone",
+            "client",
+            "q/s",
+            "NXDOMAIN",
+            "search-path",
+            "hit ratio",
+            "long/s",
+            "random/s",
+            "distinct/min"
+        );
+        if self.clients.is_empty() {
+            let _ = writeln!(out, "            (none)");
+        }
+        for c in &self.clients {
+            let (distinct, zone) = c.distinct.as_ref().map_or(("-".to_owned(), ""), |(n, z)| {
+                (format!("{}", *n as u64), z.as_str())
+            });
+            let _ = writeln!(
+                out,
+                "            {:<40} {:>9.1} {:>9} {:>11} {:>9} {:>7.1} {:>9.1} {:>12}  {zone}",
+                c.client,
+                c.qps,
+                share(c.nxdomain),
+                share(c.search_path),
+                share(c.hit_ratio),
+                c.long_per_s,
+                c.random_per_s,
+                distinct
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nnames       {:<60} {:<40} {:>9}",
+            "name", "client", "q/s"
+        );
+        if self.names.is_empty() {
+            let _ = writeln!(out, "            (none)");
+        }
+        for n in &self.names {
+            let _ = writeln!(
+                out,
+                "            {:<60} {:<40} {:>9.1}",
+                n.name, n.client, n.qps
+            );
+        }
         out
     }
+}
+
+/// The clients and names panels of the interval.
+fn client_panels(before: &Scrape, after: &Scrape, seconds: f64) -> (Vec<ClientRow>, Vec<NameRow>) {
+    let per = |name: &str| delta(&before.by(name, &["client"]), &after.by(name, &["client"]));
+    let queries = per("nodedns_client_queries_total");
+    let figure = |name: &str| per(name);
+    let (nx, search, hits, requests, long, random) = (
+        figure("nodedns_client_nxdomain_total"),
+        figure("nodedns_client_search_path_nxdomain_total"),
+        figure("nodedns_client_cache_hits_total"),
+        figure("nodedns_client_cache_requests_total"),
+        figure("nodedns_client_long_names_total"),
+        figure("nodedns_client_random_names_total"),
+    );
+    let distinct = after.by("nodedns_client_zone_distinct_names", &["client", "zone"]);
+    let get = |m: &BTreeMap<Vec<String>, f64>, k: &Vec<String>| m.get(k).copied().unwrap_or(0.0);
+    let share = |part: f64, whole: f64| (whole > 0.0).then(|| part / whole);
+    let mut clients: Vec<ClientRow> = queries
+        .iter()
+        .filter(|(k, q)| **q > 0.0 || k.first().is_some_and(|c| c == "other"))
+        .map(|(k, q)| {
+            let client = k.first().cloned().unwrap_or_default();
+            ClientRow {
+                qps: q / seconds,
+                nxdomain: share(get(&nx, k), *q),
+                search_path: share(get(&search, k), *q),
+                hit_ratio: share(get(&hits, k), get(&requests, k)),
+                long_per_s: get(&long, k) / seconds,
+                random_per_s: get(&random, k) / seconds,
+                distinct: distinct
+                    .iter()
+                    .find(|(d, _)| d.first() == Some(&client))
+                    .map(|(d, v)| (*v, d.get(1).cloned().unwrap_or_default())),
+                client,
+            }
+        })
+        .collect();
+    // Heaviest first; `other` last, whatever its rate.
+    clients.sort_by(|a, b| {
+        (a.client == "other")
+            .cmp(&(b.client == "other"))
+            .then_with(|| b.qps.total_cmp(&a.qps))
+            .then_with(|| a.client.cmp(&b.client))
+    });
+    if clients.len() > PANEL_ROWS + 1 {
+        clients.drain(PANEL_ROWS..clients.len() - 1);
+    }
+    if clients.iter().all(|c| c.client == "other" && c.qps == 0.0) {
+        clients.clear();
+    }
+    let asked = delta(
+        &before.by("nodedns_client_name_queries_total", &["client", "name"]),
+        &after.by("nodedns_client_name_queries_total", &["client", "name"]),
+    );
+    let mut names: Vec<NameRow> = asked
+        .iter()
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(k, v)| NameRow {
+            client: k.first().cloned().unwrap_or_default(),
+            name: k.get(1).cloned().unwrap_or_default(),
+            qps: v / seconds,
+        })
+        .collect();
+    names.sort_by(|a, b| {
+        b.qps
+            .total_cmp(&a.qps)
+            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.client.cmp(&b.client))
+    });
+    names.truncate(PANEL_ROWS);
+    (clients, names)
 }
 
 fn mib(bytes: f64) -> String {
@@ -687,6 +846,67 @@ nodedns_upstream_retries_total{to="10.0.0.1:53"} 4
     }
 
     #[test]
+    fn the_clients_panel_puts_the_heaviest_first_and_other_last() {
+        let before = parse(
+            r#"nodedns_client_queries_total{client="10.244.1.17"} 1000
+nodedns_client_queries_total{client="10.244.2.5"} 100
+nodedns_client_queries_total{client="other"} 50
+nodedns_client_name_queries_total{client="10.244.1.17",name="api.example.com.default.svc.cluster.local."} 160
+"#,
+        );
+        let after = parse(
+            r#"nodedns_client_queries_total{client="10.244.1.17"} 1500
+nodedns_client_queries_total{client="10.244.2.5"} 300
+nodedns_client_queries_total{client="10.244.3.9"} 20
+nodedns_client_queries_total{client="other"} 60
+nodedns_client_nxdomain_total{client="10.244.1.17"} 375
+nodedns_client_search_path_nxdomain_total{client="10.244.1.17"} 375
+nodedns_client_cache_hits_total{client="10.244.1.17"} 450
+nodedns_client_cache_requests_total{client="10.244.1.17"} 500
+nodedns_client_random_names_total{client="10.244.2.5"} 10
+nodedns_client_zone_distinct_names{client="10.244.2.5",zone="t.example.com."} 42
+nodedns_client_name_queries_total{client="10.244.1.17",name="api.example.com.default.svc.cluster.local."} 320
+nodedns_client_name_queries_total{client="10.244.2.5",name="x.t.example.com."} 16
+"#,
+        );
+        let t0 = Instant::now();
+        let v = View::between(
+            &Scrape {
+                at: t0,
+                samples: before,
+            },
+            &Scrape {
+                at: t0 + Duration::from_secs(2),
+                samples: after,
+            },
+        );
+        let order: Vec<&str> = v.clients.iter().map(|c| c.client.as_str()).collect();
+        assert_eq!(order, ["10.244.1.17", "10.244.2.5", "10.244.3.9", "other"]);
+        let heavy = &v.clients[0];
+        assert_eq!(heavy.qps, 250.0);
+        assert_eq!(heavy.nxdomain, Some(0.75));
+        assert_eq!(heavy.search_path, Some(0.75));
+        assert_eq!(heavy.hit_ratio, Some(0.9));
+        assert_eq!(v.clients[1].random_per_s, 5.0);
+        assert_eq!(
+            v.clients[1].distinct,
+            Some((42.0, "t.example.com.".to_owned()))
+        );
+        assert_eq!(v.clients[2].hit_ratio, None);
+        assert_eq!(v.names[0].qps, 80.0);
+        assert_eq!(v.names[0].client, "10.244.1.17");
+        let text = v.render("127.0.0.1:9253".parse().unwrap(), Duration::from_secs(2));
+        for part in [
+            "clients     client",
+            "10.244.1.17                                  250.0     75.0%       75.0%     90.0%",
+            "t.example.com.",
+            "api.example.com.default.svc.cluster.local.",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from\n{text}");
+        }
+    }
+
+    #[test]
     fn an_idle_interval_shows_dashes_not_nan() {
         let (_, after) = scrapes();
         let later = Scrape {
@@ -699,5 +919,28 @@ nodedns_upstream_retries_total{to="10.0.0.1:53"} 4
         assert!(v.rcodes.is_empty());
         let text = v.render("127.0.0.1:9253".parse().unwrap(), Duration::from_secs(1));
         assert!(!text.contains("NaN"), "{text}");
+    }
+
+    #[test]
+    fn rates_of_series_the_agent_has_not_written_are_zero_not_minus_zero() {
+        let t0 = Instant::now();
+        let empty = |at| Scrape {
+            at,
+            samples: Vec::new(),
+        };
+        let v = View::between(&empty(t0), &empty(t0 + Duration::from_secs(1)));
+        for rate in [
+            v.qps,
+            v.hits_per_s,
+            v.misses_per_s,
+            v.stale_per_s,
+            v.prefetch_per_s,
+        ] {
+            assert!(rate == 0.0 && rate.is_sign_positive(), "{rate}");
+        }
+        assert!(v.entries.is_sign_positive());
+        let text = v.render("127.0.0.1:9253".parse().unwrap(), Duration::from_secs(1));
+        assert!(!text.contains("-0.0"), "{text}");
+        assert!(text.contains("served stale 0.0/s"), "{text}");
     }
 }

@@ -299,19 +299,23 @@ struct Summary {
     health: Option<String>,
     ready: Option<String>,
     metrics: Option<String>,
+    /// node-cache's `-metrics-listen-address`, served beside `prometheus`.
+    node_cache_metrics: Option<String>,
 }
 
 impl Summary {
     /// Lines like `cluster.local. on 169.254.20.10:53 10.96.0.10:53: forward Tcp to
-    /// 10.96.7.7:53; cache 10223616 bytes`, `health on 169.254.20.10:8080`.
+    /// 10.96.7.7:53; cache 10223616 bytes`, `health on 169.254.20.10:8080`; the indented lines
+    /// of the warnings and differences that follow are not read.
     fn parse(text: &str) -> Summary {
         let mut s = Summary::default();
-        for line in text.lines() {
+        for line in text.lines().filter(|l| !l.starts_with(' ')) {
             if let Some((zone, rest)) = line.split_once(" on ") {
                 match zone {
                     "health" => s.health = Some(rest.to_owned()),
                     "ready" => s.ready = Some(rest.to_owned()),
                     "metrics" => s.metrics = Some(rest.to_owned()),
+                    "node-cache metrics" => s.node_cache_metrics = Some(rest.to_owned()),
                     _ => {
                         let (listen, rest) = rest.split_once(": ").unwrap_or((rest, ""));
                         let upstreams = rest
@@ -665,6 +669,13 @@ fn stock_nodelocaldns_yaml_in_iptables_mode_loads_unchanged() {
         s.health.as_deref(),
     );
     assert_metrics_scraped(&m, &s);
+    // node-cache's own metrics port, where Gardener scrapes: served too.
+    assert_eq!(
+        s.node_cache_metrics.as_deref(),
+        Some("0.0.0.0:9353"),
+        "{}",
+        m.name
+    );
     // node-cache writes the filled-in template to -conf; so does nodedns.
     let written = std::fs::read_to_string(pod.host_path("/etc/Corefile"))
         .expect("-conf /etc/Corefile written");

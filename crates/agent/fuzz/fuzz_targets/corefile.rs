@@ -64,6 +64,9 @@ fuzz_target!(|data: &[u8]| {
         ]),
         resolv_conf: Some("nameserver 10.0.0.2\nsearch example.internal\n".to_owned()),
         kubedns,
+        forward_files: Default::default(),
+        imports: Default::default(),
+        interfaces: Default::default(),
     };
     let args = args();
     let first = config::build(args, &inputs);

@@ -18,9 +18,7 @@ use clap::Parser;
 use hickory_proto::op::{Message, MessageType};
 use libfuzzer_sys::fuzz_target;
 use nodedns_agent::{config, metrics, serve};
-use nodedns_cache::{Cache, Flights};
-use nodedns_upstream::Group;
-use serve::{Shared, Snapshot, Zone, tcp};
+use serve::{Shared, Snapshot, tcp};
 
 #[derive(Debug, Parser)]
 struct Cli {
@@ -62,37 +60,33 @@ fn world() -> &'static World {
             env: HashMap::new(),
             resolv_conf: None,
             kubedns: None,
+            forward_files: Default::default(),
+            imports: Default::default(),
+            interfaces: Default::default(),
         };
         let config = Arc::new(config::build(&args, &inputs).expect("a valid configuration"));
         runtime.block_on(async {
             let upstream_metrics = nodedns_upstream::Metrics::register(
                 &mut prometheus_client::registry::Registry::default(),
             );
-            let metrics = Arc::new(metrics::Metrics::new(&[addr], metrics::Options::default()));
-            let zones = config
-                .servers
-                .iter()
-                .map(|server| {
-                    Arc::new(Zone {
-                        label: metrics.zone_slots(&server.zones),
-                        cache: server.cache.clone().map(|p| Arc::new(Cache::new(p))),
-                        flights: Arc::new(Flights::new(serve::MAX_WAITERS_PER_KEY)),
-                        group: server.forward.as_ref().map(|f| {
-                            Arc::new(
-                                Group::new(f.upstream.clone(), &upstream_metrics)
-                                    .expect("upstream"),
-                            )
-                        }),
-                        server: server.clone(),
-                    })
-                })
-                .collect();
-            let snapshot = Snapshot {
-                config: config.clone(),
-                router: config::Router::new(&config.servers),
-                zones,
-            };
-            let shared = Arc::new(Shared::new(snapshot, metrics));
+            let metrics = Arc::new(metrics::Metrics::new(&[addr], true));
+            let taps = nodedns_agent::dnstap::Metrics::default();
+            let plugin_metrics = nodedns_agent::plugin::Metrics::default();
+            let snapshot = Snapshot::build(
+                config,
+                None,
+                &upstream_metrics,
+                &plugin_metrics,
+                &metrics,
+                &taps,
+            )
+            .expect("a snapshot of a valid configuration");
+            let shared = Arc::new(Shared::new(
+                snapshot,
+                metrics,
+                Default::default(),
+                Default::default(),
+            ));
             let listener = tcp::bind(addr).expect("bind");
             let (stop, stopped) = tokio::sync::watch::channel(false);
             // Serves for the life of the process.

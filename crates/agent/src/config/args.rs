@@ -60,14 +60,15 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "ADDR:PORT", value_parser = listen_addr)]
     pub health: Option<SocketAddr>,
 
-    /// Serve /metrics on ADDR:PORT when no `prometheus` directive names one (node-cache
-    /// `-metrics-listen-address`). Default: 0.0.0.0:9253 with a Corefile, 127.0.0.1:9253
-    /// without.
+    /// node-cache `-metrics-listen-address`: with a Corefile, /metrics is served here too,
+    /// beside the `prometheus` address (default 0.0.0.0:9353, node-cache's); the metrics address
+    /// when no `prometheus` directive names one. Without a Corefile: the metrics address
+    /// (default 127.0.0.1:9253).
     #[arg(long = "metrics-listen-address", alias = "metrics", value_name = "ADDR:PORT",
           value_parser = listen_addr)]
     pub metrics_listen_address: Option<SocketAddr>,
 
-    /// Write the process ID here once serving (node-cache/CoreDNS `-pidfile`).
+    /// Write the process ID here once serving, remove it at exit (node-cache/CoreDNS `-pidfile`).
     #[arg(long, value_name = "PATH")]
     pub pidfile: Option<PathBuf>,
 
@@ -94,6 +95,11 @@ pub struct ConfigArgs {
     #[arg(long = "dns-port", value_name = "PORT", default_value_t = 53)]
     pub dns_port: u16,
 
+    /// Tap one query in N to the Corefile's `dnstap` sinks (1: every query, as CoreDNS does).
+    #[arg(long = "dnstap-sample", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub dnstap_sample: u32,
+
     /// node-cache `-initialdelay`: accepted, no effect (nodedns installs its rules as soon as
     /// its listeners are up).
     #[arg(long = "initial-delay", value_name = "DURATION", hide = true)]
@@ -104,6 +110,29 @@ pub struct ConfigArgs {
           default_missing_value = "true", default_value_t = false,
           action = clap::ArgAction::Set)]
     pub setup_ebtables: bool,
+
+    /// CoreDNS's `-quiet`, which node-cache passes on: the start-up listing of the addresses
+    /// served is not logged (everything else is).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          default_value_t = false, action = clap::ArgAction::Set)]
+    pub quiet: bool,
+
+    /// node-cache `-reloadwithsignal`: node-cache then reloads its CoreDNS itself whenever it
+    /// rewrites the Corefile, instead of leaving that to the `reload` directive. nodedns always
+    /// does so: every change of what it reads is applied, with or without this flag.
+    #[arg(long = "reload-with-signal", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub reload_with_signal: bool,
+
+    /// The ndots cascade prefetch: when a pod's first search-list step
+    /// (`NAME.NS.svc.CLUSTER-DOMAIN`) comes back NXDOMAIN, fetch the later steps of the standard
+    /// search list for the same type at once, so they are cached or in flight when the pod asks
+    /// (docs/cache.md). `--cascade-prefetch=false` turns it off.
+    #[arg(long = "cascade-prefetch", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub cascade_prefetch: bool,
 }
 
 fn upstream_addr(s: &str) -> Result<SocketAddr, String> {
@@ -144,12 +173,15 @@ const NODE_CACHE: &[(&str, &str, Kind)] = &[
     ("dns.port", "dns-port", Kind::Value),
     ("initialdelay", "initial-delay", Kind::Value),
     ("setupebtables", "setup-ebtables", Kind::Bool),
+    ("quiet", "quiet", Kind::Bool),
+    ("reloadwithsignal", "reload-with-signal", Kind::Bool),
     // Host networking (flags defined in host.rs).
     ("setupinterface", "setup-interface", Kind::Bool),
     ("setupiptables", "setup-rules", Kind::Bool),
     ("skipteardown", "skip-teardown", Kind::Bool),
     ("interfacename", "interface-name", Kind::Value),
-    ("syncinterval", "sync-interval", Kind::Value),
+    // Its own flag, not --sync-interval: node-cache multiplies the value by a second.
+    ("syncinterval", "syncinterval", Kind::Value),
 ];
 
 /// nodedns's own long flags, which Go-style single-dash spelling may also name.
@@ -163,6 +195,9 @@ const NODEDNS: &[(&str, Kind)] = &[
     ("dns-port", Kind::Value),
     ("initial-delay", Kind::Value),
     ("setup-ebtables", Kind::Bool),
+    ("quiet", Kind::Bool),
+    ("reload-with-signal", Kind::Bool),
+    ("cascade-prefetch", Kind::Bool),
     // Host networking (host.rs).
     ("setup-interface", Kind::Bool),
     ("setup-rules", Kind::Bool),
@@ -371,7 +406,7 @@ mod tests {
                 "--skip-teardown",
                 "--interface-name",
                 "nodelocaldns",
-                "--sync-interval=1m",
+                "--syncinterval=1m",
                 "--link-kind",
                 "bridge",
                 "--no-setup",
@@ -454,6 +489,39 @@ mod tests {
     fn bad_local_ip_is_rejected_by_clap() {
         let err = parse(&["-localip", "__PILLAR__LOCAL__DNS__"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn quiet_and_reloadwithsignal_are_node_caches_boolean_flags() {
+        // As kubespray and the charts write them (Go's boolean forms), each alone and together.
+        let n = normalize_args(os(&[
+            "node-cache",
+            "-quiet",
+            "-reloadwithsignal=true",
+            "-localip",
+            "169.254.20.10",
+        ]));
+        assert_eq!(
+            strs(&n),
+            [
+                "node-cache",
+                "--quiet",
+                "--reload-with-signal=true",
+                "--local-ip",
+                "169.254.20.10"
+            ]
+        );
+        let a = parse(&strs(&n)[1..]).unwrap();
+        assert!(a.quiet && a.reload_with_signal);
+        let a = parse(&["-reloadwithsignal", "-quiet=false"]).unwrap();
+        assert!(a.reload_with_signal && !a.quiet);
+        let a = parse(&[]).unwrap();
+        assert!(!a.quiet && !a.reload_with_signal);
+        // A word after a boolean flag is not its value (Go's rule): here, an unknown argument.
+        let err = parse(&["-quiet", "false"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument);
+        let err = parse(&["-quiet=maybe"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
     }
 
     #[test]

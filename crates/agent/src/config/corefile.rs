@@ -4,16 +4,23 @@
 //! `"..."` quotes a word (it may span lines, `\"` is a literal quote); `#` starts a comment that
 //! runs to the end of the line, wherever it appears outside quotes; `{` and `}` are words of their
 //! own; a server block is a line of keys (a key ending in `,` continues on the next line) followed
-//! by `{ ... }`, or, for a file of one block, by the rest of the file; a directive is the first
+//! by `{ ... }`, or by lines up to the next `}` or the end of the file; a directive is the first
 //! word of a line and takes the words after it on that line, plus an optional `{ ... }` block of
-//! its own lines. `{$NAME}` (and `{%NAME%}`) in a word is replaced by the environment variable
-//! NAME. `import` and snippets are not supported: they are reported as unknown directives/zones.
+//! its own lines. `{$NAME}` and `{%NAME%}` in a word are replaced by the environment variable
+//! NAME, an unset one by nothing (with a warning). Snippets and `import` are spliced in first
+//! ([`super::import`]).
+//!
+//! A block whose keys name several ports is one block per port (CoreDNS serves each key as its
+//! own server with the block's directives), and a key's port is what follows its last `:` only
+//! when that is a number, as in CoreDNS ([`split_port`]).
 //!
 //! Every word keeps its line, so every later error can name `file:line`.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use super::Problem;
+use super::import::{self, Files, Lines};
 
 /// One word of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,16 +145,17 @@ fn is_close(w: &Word) -> bool {
     !w.quoted && w.text == "}"
 }
 
-/// Replaces `{$NAME}` and `{%NAME%}` in `word` from `env`. An unset variable is a problem (CoreDNS
-/// would silently put an empty string there, which turns into a confusing error later or, worse,
-/// into a working but wrong configuration).
+/// Replaces `{%NAME%}`, then `{$NAME}`, in `word` from `env`, as CoreDNS does. An unset
+/// variable is replaced by nothing, as in CoreDNS, and noted in `warnings`: the word that is left
+/// may still mean something (`prometheus {$HOST_IP}:9253` listens on every address). A value is
+/// not searched again by the pass that put it there (CoreDNS would loop on `A={$A}`).
 fn substitute_env(
     word: &mut Word,
     env: &HashMap<String, String>,
     file: &str,
-    problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
 ) {
-    for (open, close) in [("{$", "}"), ("{%", "%}")] {
+    for (open, close) in [("{%", "%}"), ("{$", "}")] {
         let mut out = String::new();
         let mut rest = word.text.as_str();
         while let Some(at) = rest.find(open) {
@@ -160,13 +168,10 @@ fn substitute_env(
             out.push_str(&rest[..at]);
             match env.get(name) {
                 Some(value) => out.push_str(value),
-                None => problems.push(Problem::at(
-                    file,
-                    word.line,
-                    format!(
-                        "environment variable {name} (in {:?}) is not set",
-                        word.text
-                    ),
+                None => warnings.push(format!(
+                    "{file}:{}: environment variable {name} (in {:?}) is not set: replaced by \
+                     nothing, as CoreDNS does",
+                    word.line, word.text
                 )),
             }
             rest = &after[end + close.len()..];
@@ -176,44 +181,117 @@ fn substitute_env(
     }
 }
 
-/// Parses a whole Corefile into server blocks. Syntax errors stop the parse (what follows an
-/// unbalanced brace has no reliable meaning); environment problems are all collected.
+/// The words of one file, environment placeholders replaced.
+pub(crate) fn words(
+    file: &str,
+    text: &str,
+    env: &HashMap<String, String>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Word>, Problem> {
+    let (mut words, unterminated) = lex(text);
+    if let Some(line) = unterminated {
+        return Err(Problem::at(
+            file,
+            line,
+            "unterminated quoted string".to_owned(),
+        ));
+    }
+    for w in &mut words {
+        substitute_env(w, env, file, warnings);
+    }
+    // CoreDNS drops a key that is empty after substitution; a directive's empty argument stays.
+    Ok(words)
+}
+
+/// A parsed Corefile: its server blocks, where each line comes from, and what only deserves a
+/// warning.
+#[derive(Debug)]
+pub(crate) struct Corefile {
+    pub blocks: Vec<Block>,
+    /// Real `file:line` of every word's line ([`Lines::relocate`] for messages made later).
+    pub lines: Lines,
+    pub warnings: Vec<String>,
+}
+
+/// Parses a whole Corefile into server blocks, imports spliced in (relative paths from `dir`,
+/// files read through `files`). Syntax errors stop the parse: what follows an unbalanced brace
+/// has no reliable meaning.
 pub(crate) fn parse(
     file: &str,
     text: &str,
     env: &HashMap<String, String>,
-) -> Result<Vec<Block>, Vec<Problem>> {
-    let (mut words, unterminated) = lex(text);
-    if let Some(line) = unterminated {
-        return Err(vec![Problem::at(
-            file,
-            line,
-            "unterminated quoted string".to_owned(),
-        )]);
-    }
-    let mut problems = Vec::new();
-    for w in &mut words {
-        substitute_env(w, env, file, &mut problems);
-    }
+    dir: &Path,
+    files: &mut dyn Files,
+) -> Result<Corefile, Vec<Problem>> {
+    let mut warnings = Vec::new();
+    let mut lines = Lines::new(file);
+    let words = words(file, text, env, &mut warnings).map_err(|p| vec![p])?;
+    let words =
+        import::expand(words, dir, files, env, &mut lines, &mut warnings).map_err(|p| vec![p])?;
     let mut p = Parser {
         words,
         pos: 0,
-        file,
+        lines: &lines,
+        warnings: &mut warnings,
     };
-    match p.blocks() {
-        Ok(blocks) if problems.is_empty() => Ok(blocks),
-        Ok(_) => Err(problems),
-        Err(e) => {
-            problems.push(e);
-            Err(problems)
+    let blocks = p.blocks().map_err(|p| vec![p])?;
+    Ok(Corefile {
+        blocks: split_ports(blocks),
+        lines,
+        warnings,
+    })
+}
+
+/// A key's zone and port text, as CoreDNS splits them (`plugin.SplitHostPort`): the port is what
+/// follows the last `:` when that is a number; otherwise the whole key is the zone. A scheme
+/// (`dns://`) stays on the zone.
+pub(crate) fn split_port(key: &str) -> (&str, Option<&str>) {
+    match key.rsplit_once(':') {
+        Some((zone, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            (zone, Some(port))
+        }
+        _ => (key, None),
+    }
+}
+
+/// Each block whose keys name more than one port, as one block per port (in the order the ports
+/// first appear), each with the block's directives. A key without a port is on the port of the
+/// first key without one.
+fn split_ports(blocks: Vec<Block>) -> Vec<Block> {
+    let mut out = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let mut ports: Vec<Option<&str>> = Vec::new();
+        for k in &block.keys {
+            let port = split_port(&k.text).1;
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        if ports.len() < 2 {
+            out.push(block);
+            continue;
+        }
+        for port in ports {
+            out.push(Block {
+                keys: block
+                    .keys
+                    .iter()
+                    .filter(|k| split_port(&k.text).1 == port)
+                    .cloned()
+                    .collect(),
+                line: block.line,
+                directives: block.directives.clone(),
+            });
         }
     }
+    out
 }
 
 struct Parser<'a> {
     words: Vec<Word>,
     pos: usize,
-    file: &'a str,
+    lines: &'a Lines,
+    warnings: &'a mut Vec<String>,
 }
 
 impl Parser<'_> {
@@ -222,7 +300,7 @@ impl Parser<'_> {
     }
 
     fn err(&self, line: usize, message: String) -> Problem {
-        Problem::at(self.file, line, message)
+        self.lines.problem(line, message)
     }
 
     fn blocks(&mut self) -> Result<Vec<Block>, Problem> {
@@ -263,6 +341,18 @@ impl Parser<'_> {
             }
             self.pos += 1;
             line = w.line;
+            if !w.quoted && w.text.len() > 1 && w.text.ends_with('{') {
+                // CoreDNS reads `zone:1053{` as one key (a zone named with the brace, on the
+                // default port) and the block as open until the next `}`.
+                let (file, at) = self.lines.locate(w.line);
+                self.warnings.push(format!(
+                    "{file}:{at}: `{}` is one key, as CoreDNS reads it: a zone named `{}.` on \
+                     the block's default port, not `{} {{`; write a space before `{{`",
+                    w.text,
+                    w.text,
+                    &w.text[..w.text.len() - 1]
+                ));
+            }
             for part in w.text.split(',') {
                 if !part.is_empty() {
                     keys.push(Word {
@@ -299,17 +389,17 @@ impl Parser<'_> {
         loop {
             let Some(w) = self.peek().cloned() else {
                 if braced {
+                    let (_, at) = self.lines.locate(opened);
                     return Err(self.err(
                         opened,
-                        format!("the `{{` opened at line {opened} is never closed"),
+                        format!("the `{{` opened at line {at} is never closed"),
                     ));
                 }
                 return Ok(out);
             };
+            // A server block without `{` runs to the end of the file or to a `}`, which closes
+            // it (CoreDNS).
             if is_close(&w) {
-                if !braced {
-                    return Err(self.err(w.line, "unexpected `}`: no block is open".to_owned()));
-                }
                 self.pos += 1;
                 return Ok(out);
             }
@@ -352,12 +442,17 @@ mod tests {
         HashMap::from([("UPSTREAM".to_owned(), "10.0.0.10".to_owned())])
     }
 
+    fn parsed(text: &str) -> Result<Corefile, Vec<Problem>> {
+        let none = import::Imports::default();
+        parse("Corefile", text, &env(), Path::new(""), &mut &none)
+    }
+
     fn parse_ok(text: &str) -> Vec<Block> {
-        parse("Corefile", text, &env()).unwrap_or_else(|p| panic!("{p:?}"))
+        parsed(text).unwrap_or_else(|p| panic!("{p:?}")).blocks
     }
 
     fn parse_err(text: &str) -> Vec<String> {
-        parse("Corefile", text, &env())
+        parsed(text)
             .unwrap_err()
             .iter()
             .map(ToString::to_string)
@@ -417,8 +512,9 @@ mod tests {
         let blocks = parse_ok("a.example b.example,\n  c.example:1053, d.example {\n  errors\n}\n");
         assert_eq!(
             texts(&blocks[0].keys),
-            ["a.example", "b.example", "c.example:1053", "d.example"]
+            ["a.example", "b.example", "d.example"]
         );
+        assert_eq!(texts(&blocks[1].keys), ["c.example:1053"]);
     }
 
     #[test]
@@ -438,14 +534,78 @@ mod tests {
     }
 
     #[test]
-    fn an_unset_environment_variable_is_an_error_with_its_line() {
-        let errs = parse_err(". {\n  errors\n  forward . {$NOPE} {$ALSO_NOPE}\n}\n");
-        assert_eq!(errs.len(), 2, "{errs:?}");
+    fn an_unset_environment_variable_is_replaced_by_nothing_with_a_warning() {
+        let c = parsed(". {\n  errors\n  prometheus {$NOPE}:9253 {%ALSO_NOPE%}x\n}\n").unwrap();
+        assert_eq!(texts(&c.blocks[0].directives[1].args), [":9253", "x"]);
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
         assert!(
-            errs[0].starts_with("Corefile:3: environment variable NOPE"),
-            "{errs:?}"
+            c.warnings[0].starts_with("Corefile:3: environment variable NOPE"),
+            "{:?}",
+            c.warnings
         );
-        assert!(errs[1].contains("ALSO_NOPE"), "{errs:?}");
+        assert!(c.warnings[1].contains("ALSO_NOPE"), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn windows_placeholders_are_replaced_before_unix_ones() {
+        let env = HashMap::from([
+            ("A".to_owned(), "{$B}".to_owned()),
+            ("B".to_owned(), "b".to_owned()),
+        ]);
+        let none = import::Imports::default();
+        let c = parse(
+            "Corefile",
+            ". {\n  log {%A%} {$B}\n}\n",
+            &env,
+            Path::new(""),
+            &mut &none,
+        )
+        .unwrap();
+        // `{%A%}` gives `{$B}`, which the `{$` pass then replaces, as in CoreDNS.
+        assert_eq!(texts(&c.blocks[0].directives[0].args), ["b", "b"]);
+    }
+
+    #[test]
+    fn an_empty_key_after_substitution_is_dropped() {
+        let blocks = parse_ok("{$NOPE} example.org {\n}\n");
+        assert_eq!(texts(&blocks[0].keys), ["example.org"]);
+    }
+
+    #[test]
+    fn keys_on_different_ports_are_one_block_per_port() {
+        let blocks = parse_ok("example.com example.io:1053 example.net {\n  cache 5\n}\n");
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(texts(&blocks[0].keys), ["example.com", "example.net"]);
+        assert_eq!(texts(&blocks[1].keys), ["example.io:1053"]);
+        assert_eq!(blocks[0].directives, blocks[1].directives);
+        assert_eq!(blocks[1].line, 1);
+    }
+
+    #[test]
+    fn a_port_is_only_a_number_after_the_last_colon() {
+        assert_eq!(split_port("example.io:1053"), ("example.io", Some("1053")));
+        assert_eq!(split_port("example.io:1053{"), ("example.io:1053{", None));
+        assert_eq!(split_port("fd00::/8"), ("fd00::/8", None));
+        assert_eq!(split_port("fd00::/8:53"), ("fd00::/8", Some("53")));
+        assert_eq!(split_port("dns://.:53"), ("dns://.", Some("53")));
+        assert_eq!(split_port("example.io:"), ("example.io:", None));
+    }
+
+    #[test]
+    fn a_key_glued_to_its_brace_opens_a_block_the_next_brace_closes() {
+        let c = parsed("example.com example.io:1053{\n  errors\n}\n.:53 {\n  log\n}\n").unwrap();
+        assert_eq!(c.blocks.len(), 2);
+        assert_eq!(
+            texts(&c.blocks[0].keys),
+            ["example.com", "example.io:1053{"]
+        );
+        assert_eq!(c.blocks[0].directives[0].name, "errors");
+        assert_eq!(c.blocks[1].directives[0].name, "log");
+        assert!(
+            c.warnings[0].starts_with("Corefile:1: `example.io:1053{` is one key"),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]
@@ -467,6 +627,13 @@ mod tests {
         let errs = parse_err(". {\n  errors\n}\n}\n");
         assert_eq!(errs.len(), 1);
         assert!(errs[0].starts_with("Corefile:4:"), "{errs:?}");
+    }
+
+    #[test]
+    fn a_block_without_braces_ends_at_a_closing_brace() {
+        let blocks = parse_ok(".:1053\nerrors\n}\nexample.org {\n  log\n}\n");
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(blocks[0].directives.len(), 1);
     }
 
     #[test]

@@ -2,52 +2,19 @@
 //! configure the process (`health`, `ready`, `prometheus`, `reload`) are merged across blocks.
 //! Every problem is collected with its `file:line`; a directive or option nodedns does not
 //! implement is a problem, never skipped.
+//!
+//! This module is the dispatcher and the vocabulary the directives' parsers share ([`Out`],
+//! [`Ctx`], [`Parsed`], [`Global`], the word readers): each directive is read by its own module
+//! under `crate::plugin`, called from `server_block` by name.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nodedns_cache::{Clamp, Policy, Prefetch, Stale};
-use nodedns_upstream::{Selection, Transport};
-
 use super::corefile::{Block, Directive, Word};
-use super::{Forward, Problem, Server, template, values};
-
-/// Bytes one cache entry is counted as when a Corefile gives capacities in entries (CoreDNS's
-/// CAPACITY): a typical cluster answer (~150 B), its key and the bookkeeping around it.
-pub(crate) const BYTES_PER_ENTRY: u64 = 512;
-/// CoreDNS's default capacity per class (256 shards × 39 entries).
-pub(crate) const DEFAULT_ENTRIES: u64 = 9984;
-/// CoreDNS's smallest capacity per class (256 shards × 4 entries).
-const MIN_ENTRIES: u64 = 1024;
-/// CoreDNS's longest `servfail` duration.
-const MAX_SERVFAIL: Duration = Duration::from_secs(300);
-/// CoreDNS's cap on `forward` destinations.
-const MAX_UPSTREAMS: usize = 15;
-
-/// nodedns's serve-stale when a Corefile does not configure it: CoreDNS's 1 h window, RFC 8767's
-/// 30 s TTL.
-pub(crate) const DEFAULT_STALE: Stale = Stale {
-    window: Duration::from_secs(3600),
-    ttl: 30,
-};
-/// nodedns's prefetch when a Corefile does not configure it: an entry asked for at least twice
-/// during its life is refreshed when 10 % of its TTL is left (CoreDNS's percentage).
-pub(crate) const DEFAULT_PREFETCH: Prefetch = Prefetch {
-    amount: 2,
-    percentage: 10,
-};
-
-/// A cache policy with CoreDNS's TTL clamps and nodedns's defaults for everything else.
-pub(crate) fn default_policy(capacity_bytes: u64) -> Policy {
-    Policy {
-        capacity_bytes,
-        stale: Some(DEFAULT_STALE),
-        prefetch: Some(DEFAULT_PREFETCH),
-        ..Policy::default()
-    }
-}
+use super::{Difference, Problem, Server, compat, values};
+use crate::plugin;
 
 /// What the directives read besides the file itself.
 pub(crate) struct Ctx<'a> {
@@ -56,10 +23,14 @@ pub(crate) struct Ctx<'a> {
     pub dns_port: u16,
     pub resolv_conf_path: &'a Path,
     pub resolv_conf: Option<&'a str>,
+    /// The other resolv.conf files `forward` names, read ([`super::forward_paths`]).
+    pub forward_files: &'a BTreeMap<PathBuf, Option<String>>,
     /// Lines where `__PILLAR__UPSTREAM__SERVERS__` stood.
     pub upstream_lines: &'a BTreeSet<usize>,
     /// kube-dns `upstreamNameservers`, when set: a `forward` filled from the pillar goes over UDP.
     pub kube_upstreams: bool,
+    /// The host's interfaces and their addresses, for `bind IFACE` ([`super::Inputs`]).
+    pub interfaces: &'a BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// A server and where it came from, for messages.
@@ -82,7 +53,14 @@ impl<T> Default for Global<T> {
 }
 
 impl<T: PartialEq + Copy + std::fmt::Debug> Global<T> {
-    fn set(&mut self, value: T, line: usize, what: &str, file: &str, problems: &mut Vec<Problem>) {
+    pub(crate) fn set(
+        &mut self,
+        value: T,
+        line: usize,
+        what: &str,
+        file: &str,
+        problems: &mut Vec<Problem>,
+    ) {
         match self.value {
             None => self.value = Some((value, line)),
             Some((old, _)) if old == value => {}
@@ -110,35 +88,58 @@ pub(crate) struct Parsed {
     pub lameduck: Global<Duration>,
     pub ready: Global<SocketAddr>,
     pub metrics: Global<SocketAddr>,
+    /// The other `prometheus` addresses of other blocks: each is served too (CoreDNS opens one
+    /// listener per address, all on the same registry).
+    pub extra_metrics: Vec<SocketAddr>,
     pub reload: Global<Duration>,
     pub warnings: Vec<String>,
+    /// Where nodedns's defaults take over from CoreDNS's ([`super::Config::differences`]).
+    pub differences: Vec<Difference>,
 }
 
-struct Out<'p> {
-    problems: &'p mut Vec<Problem>,
+/// Where a directive's parser reports: problems (which fail the load), warnings (logged),
+/// differences from node-cache (printed by `--check-config`), each with `file:line`.
+pub(crate) struct Out<'p> {
+    pub problems: &'p mut Vec<Problem>,
     warnings: &'p mut Vec<String>,
-    file: &'p str,
+    differences: &'p mut Vec<Difference>,
+    pub file: &'p str,
 }
 
 impl Out<'_> {
-    fn err(&mut self, line: usize, message: String) {
+    pub(crate) fn err(&mut self, line: usize, message: String) {
         self.problems.push(Problem::at(self.file, line, message));
     }
 
-    fn warn(&mut self, line: usize, message: String) {
+    pub(crate) fn warn(&mut self, line: usize, message: String) {
         self.warnings
             .push(format!("{}:{line}: {message}", self.file));
     }
 
+    /// Notes a default of nodedns's that differs from CoreDNS's, applied at `line`.
+    pub(crate) fn differ(&mut self, line: usize, message: String) {
+        self.differences.push(Difference {
+            at: format!("{}:{line}", self.file),
+            what: message,
+        });
+    }
+
     /// Reports a block written after a directive or option that takes none.
-    fn no_block(&mut self, d: &Directive, what: &str) {
+    pub(crate) fn no_block(&mut self, d: &Directive, what: &str) {
         if d.has_block {
             self.err(d.line, format!("{what} takes no `{{ }}` block"));
         }
     }
 
     /// Reports a wrong number of arguments; true when the count is fine.
-    fn arity(&mut self, d: &Directive, what: &str, min: usize, max: usize, syntax: &str) -> bool {
+    pub(crate) fn arity(
+        &mut self,
+        d: &Directive,
+        what: &str,
+        min: usize,
+        max: usize,
+        syntax: &str,
+    ) -> bool {
         let n = d.args.len();
         if n < min || n > max {
             self.err(
@@ -155,10 +156,12 @@ impl Out<'_> {
 pub(crate) fn interpret(blocks: &[Block], ctx: &Ctx<'_>, problems: &mut Vec<Problem>) -> Parsed {
     let mut parsed = Parsed::default();
     let mut warnings = Vec::new();
+    let mut differences = Vec::new();
     for block in blocks {
         let mut out = Out {
             problems,
             warnings: &mut warnings,
+            differences: &mut differences,
             file: ctx.file,
         };
         if let Some(server) = server_block(block, ctx, &mut parsed, &mut out) {
@@ -169,13 +172,14 @@ pub(crate) fn interpret(blocks: &[Block], ctx: &Ctx<'_>, problems: &mut Vec<Prob
         }
     }
     parsed.warnings = warnings;
+    parsed.differences = differences;
     parsed
 }
 
 /// `zone[:port]` keys → canonical zones and the block's port.
 fn keys(block: &Block, ctx: &Ctx<'_>, out: &mut Out<'_>) -> (Vec<String>, Option<u16>) {
     let mut zones = Vec::new();
-    let mut port: Option<(u16, &str)> = None;
+    let mut port: Option<u16> = None;
     for key in &block.keys {
         let text = key.text.as_str();
         let text = match text.split_once("://") {
@@ -189,17 +193,7 @@ fn keys(block: &Block, ctx: &Ctx<'_>, out: &mut Out<'_>) -> (Vec<String>, Option
             }
             None => text,
         };
-        // A CIDR zone may hold colons (IPv6): only a colon after the prefix length is a port.
-        let (zone_text, port_text) = match text.split_once('/') {
-            Some((addr, bits)) => match bits.split_once(':') {
-                Some((bits, p)) => (format!("{addr}/{bits}"), Some(p)),
-                None => (text.to_owned(), None),
-            },
-            None => match text.rsplit_once(':') {
-                Some((z, p)) => (z.to_owned(), Some(p)),
-                None => (text.to_owned(), None),
-            },
-        };
+        let (zone_text, port_text) = super::corefile::split_port(text);
         let p = match port_text.map(str::parse::<u16>) {
             None => ctx.dns_port,
             Some(Ok(p)) => p,
@@ -211,25 +205,15 @@ fn keys(block: &Block, ctx: &Ctx<'_>, out: &mut Out<'_>) -> (Vec<String>, Option
                 continue;
             }
         };
-        match port {
-            None => port = Some((p, &key.text)),
-            Some((q, first)) if q != p => out.err(
-                key.line,
-                format!(
-                    "`{}` and `{first}` are in one block but on different ports: write one block \
-                     per port",
-                    key.text
-                ),
-            ),
-            Some(_) => {}
-        }
-        match values::zone(&zone_text) {
+        // One port per block: the reader splits a block whose keys name several.
+        port.get_or_insert(p);
+        match values::zone(zone_text) {
             Ok(z) if zones.contains(&z) => out.err(key.line, format!("zone `{z}` is listed twice")),
             Ok(z) => zones.push(z),
             Err(e) => out.err(key.line, format!("server block zone {e}")),
         }
     }
-    (zones, port.map(|(p, _)| p))
+    (zones, port)
 }
 
 fn server_block(
@@ -240,20 +224,23 @@ fn server_block(
 ) -> Option<Server> {
     let (zones, port) = keys(block, ctx, out);
     let mut bind: Vec<IpAddr> = Vec::new();
-    let mut bind_except: Vec<IpAddr> = Vec::new();
+    let mut bind_written = false;
     let mut server = Server {
         zones: zones.clone(),
         listen: Vec::new(),
         cache: None,
         forward: None,
-        log: false,
+        log: Vec::new(),
         errors: false,
         loop_check: false,
+        dnstap: Vec::new(),
+        chain: crate::plugin::Chain::default(),
     };
     let mut seen: Vec<(&str, usize)> = Vec::new();
     for d in &block.directives {
         let name = d.name.as_str();
-        if name != "bind" {
+        // CoreDNS allows several of these in a block: one handler per line, in file order.
+        if !matches!(name, "bind" | "template" | "rewrite" | "dnstap" | "log") {
             if let Some((_, first)) = seen.iter().find(|(n, _)| *n == name) {
                 out.err(
                     d.line,
@@ -265,85 +252,47 @@ fn server_block(
             }
             seen.push((name, d.line));
         }
+        // One line per directive: each plugin's module reads its own (`crate::plugin`).
         match name {
-            "bind" => bind_directive(d, &mut bind, &mut bind_except, out),
-            "cache" => server.cache = cache_directive(d, &zones, out),
-            "forward" => server.forward = forward_directive(d, ctx, out),
-            "health" => {
-                if out.arity(d, "health", 0, 1, "health [ADDRESS]") {
-                    let text = d.args.first().map_or(":8080", |w| w.text.as_str());
-                    match values::listen_addr(text) {
-                        Ok(a) => parsed
-                            .health
-                            .set(a, d.line, "health", ctx.file, out.problems),
-                        Err(e) => out.err(d.line, format!("health: {e}")),
-                    }
-                }
-                for o in &d.block {
-                    match o.name.as_str() {
-                        "lameduck" => {
-                            out.no_block(o, "health lameduck");
-                            if out.arity(o, "health lameduck", 1, 1, "lameduck DURATION") {
-                                match values::go_duration(&o.args[0].text) {
-                                    Ok(v) => parsed.lameduck.set(
-                                        v,
-                                        o.line,
-                                        "health lameduck",
-                                        ctx.file,
-                                        out.problems,
-                                    ),
-                                    Err(e) => out.err(o.line, format!("health lameduck: {e}")),
-                                }
-                            }
-                        }
-                        other => out.err(o.line, format!("unknown option `{other}` of `health`")),
-                    }
+            "bind" => {
+                bind_written = true;
+                plugin::bind::parse(d, &mut bind, ctx.interfaces, out);
+            }
+            "cache" => server.cache = plugin::cache::parse(d, &zones, out),
+            "forward" => server.forward = plugin::forward::parse(d, ctx, out),
+            "health" => plugin::health::parse(d, parsed, ctx, out),
+            "ready" => plugin::ready::parse(d, parsed, ctx, out),
+            "prometheus" => plugin::prometheus::parse(d, parsed, out),
+            "errors" => server.errors = plugin::errors::parse(d, out),
+            "debug" | "pprof" | "trace" => {
+                if let Some(v) = compat::directive(d) {
+                    verdict(v, d.line, out);
                 }
             }
-            "ready" => {
-                out.no_block(d, "ready");
-                if out.arity(d, "ready", 0, 1, "ready [ADDRESS]") {
-                    let text = d.args.first().map_or(":8181", |w| w.text.as_str());
-                    match values::listen_addr(text) {
-                        Ok(a) => parsed.ready.set(a, d.line, "ready", ctx.file, out.problems),
-                        Err(e) => out.err(d.line, format!("ready: {e}")),
-                    }
+            "log" => server.log.extend(plugin::log::parse(d, out)),
+            "reload" => plugin::reload::parse(d, parsed, out),
+            "dnstap" => server.dnstap.extend(plugin::dnstap::parse(d, out)),
+            "template" => {
+                if let Some(t) =
+                    plugin::template::Template::parse(d, &zones, ctx.file, out.problems)
+                {
+                    server.chain.template.push(plugin::Written::new(d, t));
                 }
             }
-            "prometheus" => {
-                out.no_block(d, "prometheus");
-                if out.arity(d, "prometheus", 0, 1, "prometheus [ADDRESS]") {
-                    let text = d.args.first().map_or("localhost:9153", |w| w.text.as_str());
-                    match values::listen_addr(text) {
-                        Ok(a) => {
-                            parsed
-                                .metrics
-                                .set(a, d.line, "prometheus", ctx.file, out.problems)
-                        }
-                        Err(e) => out.err(d.line, format!("prometheus: {e}")),
-                    }
-                }
+            "rewrite" => {
+                let all = server.chain.rewrite.get_or_insert_with(|| plugin::Written {
+                    text: String::new(),
+                    value: plugin::rewrite::Rewrite::default(),
+                });
+                all.value.add(d, ctx.file, out.problems);
+                all.text.push_str(&plugin::Written::new(d, ()).text);
+                all.text.push('\n');
             }
-            "errors" => {
-                server.errors = true;
-                out.arity(d, "errors", 0, 0, "errors");
-                for o in &d.block {
-                    out.err(
-                        o.line,
-                        format!("option `{}` of `errors` is not implemented", o.name),
-                    );
-                }
-            }
-            "log" => {
-                server.log = true;
-                log_directive(d, &zones, out);
-            }
-            "reload" => reload_directive(d, parsed, ctx, out),
-            "loop" => {
-                server.loop_check = true;
-                out.no_block(d, "loop");
-                out.arity(d, "loop", 0, 0, "loop");
-            }
+            "bufsize" => server.chain.before.bufsize = plugin::bufsize::parse(d, out),
+            "loadbalance" => server.chain.before.loadbalance = plugin::loadbalance::parse(d, out),
+            "hosts" => server.chain.hosts = plugin::hosts::parse(d, &zones, out),
+            "whoami" => server.chain.whoami = plugin::whoami::parse(d, out),
+            "loop" => server.loop_check = plugin::r#loop::parse(d, out),
             other => out.err(
                 d.line,
                 format!(
@@ -357,13 +306,13 @@ fn server_block(
     if zones.is_empty() {
         return None;
     }
-    let listed = !bind.is_empty();
-    bind.retain(|ip| !bind_except.contains(ip));
     server.listen = if bind.is_empty() {
-        if listed {
+        if bind_written {
             out.err(
                 block.line,
-                "`bind` excepts every address it lists".to_owned(),
+                "`bind` leaves no address to listen on: it excepts every address it lists, or \
+                 its interfaces have none"
+                    .to_owned(),
             );
             return None;
         }
@@ -377,83 +326,20 @@ fn server_block(
     Some(server)
 }
 
-fn bind_directive(
-    d: &Directive,
-    bind: &mut Vec<IpAddr>,
-    except: &mut Vec<IpAddr>,
-    out: &mut Out<'_>,
-) {
-    if d.args.is_empty() {
-        out.err(
-            d.line,
-            "bind: expected `bind ADDRESS...`, got no address".to_owned(),
-        );
-    }
-    let addrs = |words: &[Word], into: &mut Vec<IpAddr>, out: &mut Out<'_>| {
-        for w in words {
-            match w.text.parse::<IpAddr>() {
-                Ok(ip) if !into.contains(&ip) => into.push(ip),
-                Ok(_) => {}
-                Err(_) => out.err(
-                    w.line,
-                    format!(
-                        "bind: `{}` is not an IP address (nodedns binds addresses; interface names \
-                         and IPv6 zones are not implemented)",
-                        w.text
-                    ),
-                ),
+/// A directive or option accepted for compatibility: its explanation as a warning, or its
+/// problems.
+pub(crate) fn verdict(v: compat::Verdict, line: usize, out: &mut Out<'_>) {
+    match v {
+        Ok(explanation) => out.warn(line, explanation),
+        Err(problems) => {
+            for (line, message) in problems {
+                out.err(line, message);
             }
-        }
-    };
-    addrs(&d.args, bind, out);
-    for o in &d.block {
-        match o.name.as_str() {
-            "except" => {
-                out.no_block(o, "bind except");
-                if out.arity(o, "bind except", 1, usize::MAX, "except ADDRESS...") {
-                    addrs(&o.args, except, out);
-                }
-            }
-            other => out.err(o.line, format!("unknown option `{other}` of `bind`")),
         }
     }
 }
 
-/// Zones given to `cache` or `log`: nodedns applies these directives to a whole block, so the
-/// zones must cover every zone of the block.
-fn covers_block(
-    d: &Directive,
-    what: &str,
-    words: &[Word],
-    block_zones: &[String],
-    out: &mut Out<'_>,
-) {
-    let mut given = Vec::new();
-    for w in words {
-        match values::zone(&w.text) {
-            Ok(z) => given.push(z),
-            Err(e) => {
-                out.err(w.line, format!("{what}: {e}"));
-                return;
-            }
-        }
-    }
-    for zone in block_zones {
-        if !given.iter().any(|g| values::is_under(zone, g)) {
-            out.err(
-                d.line,
-                format!(
-                    "{what}: applying it to only some names ({}) is not implemented; it applies to \
-                     the whole block, which serves `{zone}`",
-                    given.join(" ")
-                ),
-            );
-            return;
-        }
-    }
-}
-
-fn whole<T: std::str::FromStr>(w: &Word, what: &str, out: &mut Out<'_>) -> Option<T> {
+pub(crate) fn whole<T: std::str::FromStr>(w: &Word, what: &str, out: &mut Out<'_>) -> Option<T> {
     match w.text.parse::<T>() {
         Ok(v) => Some(v),
         Err(_) => {
@@ -466,434 +352,12 @@ fn whole<T: std::str::FromStr>(w: &Word, what: &str, out: &mut Out<'_>) -> Optio
     }
 }
 
-fn duration(w: &Word, what: &str, out: &mut Out<'_>) -> Option<Duration> {
+pub(crate) fn duration(w: &Word, what: &str, out: &mut Out<'_>) -> Option<Duration> {
     match values::go_duration(&w.text) {
         Ok(d) => Some(d),
         Err(e) => {
             out.err(w.line, format!("{what}: {e}"));
             None
         }
-    }
-}
-
-/// TTL (max) and MINTTL of a `success`/`denial` line or of `cache TTL`.
-fn ttl(w: &Word, what: &str, zero_ok: bool, out: &mut Out<'_>) -> Option<u32> {
-    let v: i64 = whole(w, what, out)?;
-    if v < 0 || (v == 0 && !zero_ok) {
-        let bound = if zero_ok {
-            "negative"
-        } else {
-            "zero or negative"
-        };
-        out.err(w.line, format!("{what} cannot be {bound}: {v}"));
-        return None;
-    }
-    match u32::try_from(v) {
-        Ok(v) => Some(v),
-        Err(_) => {
-            out.err(w.line, format!("{what} is too large: {v}"));
-            None
-        }
-    }
-}
-
-/// Entries of a `success`/`denial` CAPACITY as CoreDNS sizes them: rounded down to a multiple
-/// of its 256 shards, at least 1024.
-fn entries(cap: u64) -> u64 {
-    (cap - cap % 256).max(MIN_ENTRIES)
-}
-
-fn cache_directive(d: &Directive, block_zones: &[String], out: &mut Out<'_>) -> Option<Policy> {
-    let mut max = [None::<u32>; 2]; // success, denial
-    let mut min = [None::<u32>; 2];
-    let mut cap = [DEFAULT_ENTRIES; 2];
-    let mut stale = Some(DEFAULT_STALE);
-    let mut prefetch = Some(DEFAULT_PREFETCH);
-    let mut servfail = 5;
-    let before = out.problems.len();
-
-    let mut args = d.args.as_slice();
-    if let Some(first) = args.first() {
-        if first.text.parse::<i64>().is_ok() {
-            if let Some(t) = ttl(first, "cache TTL", false, out) {
-                max = [Some(t), Some(t)];
-            }
-            args = &args[1..];
-        }
-    }
-    if !args.is_empty() {
-        covers_block(d, "cache ZONES", args, block_zones, out);
-    }
-
-    for o in &d.block {
-        let name = o.name.as_str();
-        match name {
-            "success" | "denial" => {
-                out.no_block(o, name);
-                let syntax = format!("{name} CAPACITY [TTL [MINTTL]]");
-                if !out.arity(o, name, 1, 3, &syntax) {
-                    continue;
-                }
-                let class = usize::from(name == "denial");
-                if let Some(c) = whole::<u64>(&o.args[0], &format!("{name} CAPACITY"), out) {
-                    cap[class] = c;
-                }
-                if let Some(w) = o.args.get(1) {
-                    max[class] = ttl(w, &format!("{name} TTL"), false, out);
-                }
-                if let Some(w) = o.args.get(2) {
-                    min[class] = ttl(w, &format!("{name} MINTTL"), true, out);
-                }
-            }
-            "prefetch" => {
-                out.no_block(o, name);
-                if !out.arity(o, name, 1, 3, "prefetch AMOUNT [[DURATION] [PERCENTAGE%]]") {
-                    continue;
-                }
-                let amount = whole::<u32>(&o.args[0], "prefetch AMOUNT", out);
-                let mut percentage = DEFAULT_PREFETCH.percentage;
-                if let Some(w) = o.args.get(1) {
-                    if duration(w, "prefetch DURATION", out).is_some() {
-                        out.warn(
-                            o.line,
-                            format!(
-                                "prefetch DURATION `{}` has no effect: nodedns counts an entry's \
-                                 hits over its whole lifetime",
-                                w.text
-                            ),
-                        );
-                    }
-                }
-                if let Some(w) = o.args.get(2) {
-                    match w.text.strip_suffix('%').map(str::parse::<u8>) {
-                        Some(Ok(p)) if (10..=90).contains(&p) => percentage = p,
-                        Some(Ok(p)) => out.err(w.line, format!("prefetch PERCENTAGE must be from 10% to 90%, not {p}%")),
-                        _ => out.err(w.line, format!("prefetch PERCENTAGE must be a whole number and `%`, such as `10%`, not `{}`", w.text)),
-                    }
-                }
-                prefetch = match amount {
-                    Some(0) => None,
-                    Some(amount) => Some(Prefetch { amount, percentage }),
-                    None => prefetch,
-                };
-            }
-            "serve_stale" => {
-                out.no_block(o, name);
-                if !out.arity(o, name, 0, 2, "serve_stale [DURATION] [REFRESH_MODE]") {
-                    continue;
-                }
-                let window = match o.args.first() {
-                    Some(w) => duration(w, "serve_stale DURATION", out),
-                    None => Some(DEFAULT_STALE.window),
-                };
-                match o.args.get(1).map(|w| w.text.as_str()) {
-                    None | Some("verified") => {}
-                    Some("immediate") => out.warn(
-                        o.line,
-                        "serve_stale immediate: nodedns always asks upstream first and serves a \
-                         stale entry only when upstream fails (`verified`)"
-                            .to_owned(),
-                    ),
-                    Some(other) => out.err(
-                        o.line,
-                        format!("serve_stale REFRESH_MODE must be `immediate` or `verified`, not `{other}`"),
-                    ),
-                }
-                stale = match window {
-                    Some(w) if w.is_zero() => None,
-                    Some(window) => Some(Stale {
-                        window,
-                        ..DEFAULT_STALE
-                    }),
-                    None => stale,
-                };
-            }
-            "servfail" => {
-                out.no_block(o, name);
-                if !out.arity(o, name, 1, 1, "servfail DURATION") {
-                    continue;
-                }
-                if let Some(dur) = duration(&o.args[0], "servfail", out) {
-                    if dur > MAX_SERVFAIL {
-                        out.err(
-                            o.line,
-                            format!(
-                                "servfail DURATION may not be longer than 5m, not `{}`",
-                                o.args[0].text
-                            ),
-                        );
-                    } else {
-                        servfail = values::ceil_secs(dur);
-                    }
-                }
-            }
-            other => out.err(o.line, format!("unknown option `{other}` of `cache`")),
-        }
-    }
-    if out.problems.len() > before {
-        return None;
-    }
-    let defaults = Policy::default();
-    let mut clamps = [defaults.success, defaults.denial];
-    for (i, clamp) in clamps.iter_mut().enumerate() {
-        let class = ["success", "denial"][i];
-        let max = max[i].unwrap_or(clamp.max);
-        let mut lo = min[i].unwrap_or(clamp.min);
-        // CoreDNS applies the minimum, then the maximum: when they cross, the maximum wins.
-        if lo > max {
-            if min[i].is_some() {
-                out.warn(
-                    d.line,
-                    format!(
-                        "cache {class}: MINTTL {lo} is above TTL {max}; TTL wins, as in CoreDNS"
-                    ),
-                );
-            }
-            lo = max;
-        }
-        *clamp = Clamp { min: lo, max };
-    }
-    let policy = Policy {
-        capacity_bytes: entries(cap[0])
-            .saturating_add(entries(cap[1]))
-            .saturating_mul(BYTES_PER_ENTRY),
-        success: clamps[0],
-        denial: clamps[1],
-        servfail_ttl: servfail,
-        stale,
-        prefetch,
-    };
-    if let Err(e) = policy.validate() {
-        for p in e.problems {
-            out.err(d.line, format!("cache: {p}"));
-        }
-        return None;
-    }
-    Some(policy)
-}
-
-fn forward_directive(d: &Directive, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Option<Forward> {
-    if d.args.len() < 2 {
-        out.err(d.line, "forward: expected `forward FROM TO...`".to_owned());
-        return None;
-    }
-    let before = out.problems.len();
-    let from = match values::zone(&d.args[0].text) {
-        Ok(z) => z,
-        Err(e) => {
-            out.err(d.line, format!("forward FROM: {e}"));
-            String::new()
-        }
-    };
-    let mut upstream = nodedns_upstream::Config {
-        transport: Transport::PreferUdp,
-        ..Default::default()
-    };
-    for w in &d.args[1..] {
-        let text = match w.text.split_once("://") {
-            Some(("dns", rest)) => rest,
-            Some((scheme, _)) => {
-                out.err(
-                    w.line,
-                    format!(
-                        "forward: {scheme}:// upstreams are not implemented (`{}`)",
-                        w.text
-                    ),
-                );
-                continue;
-            }
-            None => w.text.as_str(),
-        };
-        if let Ok(addr) = values::host_port(text, 53) {
-            upstream.addrs.push(addr);
-        } else if Path::new(text) == ctx.resolv_conf_path {
-            let file = ctx.resolv_conf_path.display().to_string();
-            match template::node_resolvers(&file, ctx.resolv_conf) {
-                Ok(addrs) => upstream.addrs.extend(addrs),
-                Err(problems) => {
-                    out.err(
-                        w.line,
-                        format!("forward: cannot use the nameservers of {file}, see below"),
-                    );
-                    out.problems.extend(problems);
-                }
-            }
-        } else if text.contains('/') {
-            out.err(
-                w.line,
-                format!(
-                    "forward: nodedns reads nameservers only from the --resolv-conf file ({}), \
-                     not from `{text}`",
-                    ctx.resolv_conf_path.display()
-                ),
-            );
-        } else {
-            out.err(
-                w.line,
-                format!("forward: `{text}` is not an IP address with an optional port"),
-            );
-        }
-    }
-    if upstream.addrs.len() > MAX_UPSTREAMS {
-        out.err(
-            d.line,
-            format!(
-                "forward: more than {MAX_UPSTREAMS} upstreams ({})",
-                upstream.addrs.len()
-            ),
-        );
-    }
-    let mut except = Vec::new();
-    let mut transport: Option<(&str, usize)> = None;
-    for o in &d.block {
-        let name = o.name.as_str();
-        out.no_block(o, &format!("forward {name}"));
-        match name {
-            "force_tcp" | "prefer_udp" => {
-                out.arity(o, name, 0, 0, name);
-                if let Some((other, line)) = transport.filter(|(n, _)| *n != name) {
-                    out.err(
-                        o.line,
-                        format!("forward: {name} contradicts {other} at line {line}"),
-                    );
-                }
-                transport = Some((name, o.line));
-                upstream.transport = if name == "force_tcp" {
-                    Transport::Tcp
-                } else {
-                    Transport::PreferUdp
-                };
-            }
-            "max_concurrent" => {
-                if out.arity(o, name, 1, 1, "max_concurrent MAX") {
-                    if let Some(n) = whole::<usize>(&o.args[0], "forward max_concurrent", out) {
-                        // CoreDNS: 0 means no limit.
-                        upstream.max_concurrent = if n == 0 { usize::MAX } else { n };
-                    }
-                }
-            }
-            "expire" => {
-                if out.arity(o, name, 1, 1, "expire DURATION") {
-                    if let Some(v) = duration(&o.args[0], "forward expire", out) {
-                        upstream.expire = v;
-                    }
-                }
-            }
-            "health_check" => {
-                if o.args.len() > 1 {
-                    out.err(o.line, "forward health_check: the `no_rec` and `domain` options are not implemented".to_owned());
-                } else if out.arity(o, name, 1, 1, "health_check DURATION") {
-                    if let Some(v) = duration(&o.args[0], "forward health_check", out) {
-                        if v.is_zero() {
-                            // CoreDNS: 0 turns health checking off; upstreams are never marked down.
-                            upstream.max_fails = 0;
-                        } else {
-                            upstream.health_check = v;
-                        }
-                    }
-                }
-            }
-            "max_fails" => {
-                if out.arity(o, name, 1, 1, "max_fails INTEGER") {
-                    if let Some(n) = whole::<u32>(&o.args[0], "forward max_fails", out) {
-                        upstream.max_fails = n;
-                    }
-                }
-            }
-            "policy" => {
-                if out.arity(o, name, 1, 1, "policy random|round_robin|sequential") {
-                    upstream.selection = match o.args[0].text.as_str() {
-                        "random" => Selection::Random,
-                        "round_robin" => Selection::RoundRobin,
-                        "sequential" => Selection::Sequential,
-                        other => {
-                            out.err(o.line, format!("forward policy must be random, round_robin or sequential, not `{other}`"));
-                            upstream.selection
-                        }
-                    };
-                }
-            }
-            "except" => {
-                if out.arity(o, name, 1, usize::MAX, "except IGNORED_NAMES...") {
-                    for w in &o.args {
-                        match values::zone(&w.text) {
-                            Ok(z) => except.push(z),
-                            Err(e) => out.err(w.line, format!("forward except: {e}")),
-                        }
-                    }
-                }
-            }
-            "tls" | "tls_servername" => {
-                out.err(
-                    o.line,
-                    format!("forward {name}: TLS upstreams are not implemented"),
-                );
-            }
-            other => out.err(o.line, format!("unknown option `{other}` of `forward`")),
-        }
-    }
-    if ctx.kube_upstreams && ctx.upstream_lines.contains(&d.line) {
-        // node-cache: custom upstream nameservers are reached over UDP, force_tcp or not.
-        upstream.transport = Transport::PreferUdp;
-    }
-    if out.problems.len() > before {
-        return None;
-    }
-    Some(Forward {
-        from,
-        except,
-        upstream,
-    })
-}
-
-fn log_directive(d: &Directive, block_zones: &[String], out: &mut Out<'_>) {
-    if !d.args.is_empty() {
-        covers_block(d, "log", &d.args, block_zones, out);
-    }
-    for o in &d.block {
-        out.no_block(o, "log class");
-        match (
-            o.name.as_str(),
-            o.args
-                .iter()
-                .map(|w| w.text.as_str())
-                .collect::<Vec<_>>()
-                .as_slice(),
-        ) {
-            ("class", ["all"]) => {}
-            ("class", _) => out.err(
-                o.line,
-                "log class: only `class all` is implemented".to_owned(),
-            ),
-            (other, _) => out.err(o.line, format!("unknown option `{other}` of `log`")),
-        }
-    }
-}
-
-fn reload_directive(d: &Directive, parsed: &mut Parsed, ctx: &Ctx<'_>, out: &mut Out<'_>) {
-    out.no_block(d, "reload");
-    if !out.arity(d, "reload", 0, 2, "reload [INTERVAL] [JITTER]") {
-        return;
-    }
-    let interval = match d.args.first() {
-        Some(w) => duration(w, "reload INTERVAL", out),
-        None => Some(Duration::from_secs(30)),
-    };
-    let jitter = match d.args.get(1) {
-        Some(w) => duration(w, "reload JITTER", out),
-        None => Some(Duration::from_secs(15)),
-    };
-    let (Some(interval), Some(jitter)) = (interval, jitter) else {
-        return;
-    };
-    if interval < Duration::from_secs(2) {
-        out.err(d.line, "reload INTERVAL must be at least 2s".to_owned());
-    } else if jitter < Duration::from_secs(1) {
-        out.err(d.line, "reload JITTER must be at least 1s".to_owned());
-    } else {
-        // A JITTER above half the INTERVAL is lowered to it (CoreDNS); nodedns polls anyway.
-        parsed
-            .reload
-            .set(interval, d.line, "reload", ctx.file, out.problems);
     }
 }

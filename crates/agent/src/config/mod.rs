@@ -11,28 +11,35 @@
 //! - `kubedns`: the kube-dns ConfigMap's `stubDomains` and `upstreamNameservers`;
 //! - `template`: node-cache's `__PILLAR__` variables, and the node's resolv.conf;
 //! - `corefile`: Corefile syntax (words, blocks, `{$ENV}`), with a line for every word;
+//!   `import`: snippets and imported files spliced into its words;
 //! - `directives`: what each directive means, every problem collected with `file:line`;
+//!   `compat`: the directives and options that change nothing nodedns does, explained;
 //! - [`build`] here: CLI mode, kube-dns stub domains and upstreams, checks across blocks
 //!   (duplicate zones, forwarding loops);
 //! - `route`: the per-query [`Router`]; `watch`: change notification for live reload.
 
 mod args;
-mod corefile;
-mod directives;
+pub(crate) mod compat;
+pub(crate) mod corefile;
+pub(crate) mod directives;
+pub(crate) mod import;
 mod kubedns;
+pub(crate) mod querylog;
 mod route;
-mod template;
-mod values;
+pub(crate) mod template;
+pub(crate) mod values;
 mod watch;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use args::{ConfigArgs, normalize_args};
+pub use import::{Found, Imports};
 pub use kubedns::KubeDns;
+pub use querylog::{Field as LogField, LogClasses, LogFormat, LogRule, Piece as LogPiece};
 pub use route::{Route, Router};
 pub(crate) use values::{go_duration, wire};
 pub use watch::watch;
@@ -52,17 +59,49 @@ pub struct Config {
     pub local_ips: Vec<IpAddr>,
     /// Liveness endpoint (`health` directive, node-cache `-health-port`).
     pub health: Option<SocketAddr>,
+    /// The health port whose probes the host rules exempt from conntrack: node-cache's
+    /// `-health-port`, which with a Corefile defaults to node-cache's 8080 whatever port
+    /// `health` names (so that two instances on a node with their own `health` ports write the
+    /// same rules); without a Corefile, the port /health is served on.
+    pub host_health_port: Option<u16>,
     /// `health { lameduck D }`: keep answering for D after shutdown starts.
     pub lameduck: Option<Duration>,
     /// Readiness endpoint (`ready` directive).
     pub ready: Option<SocketAddr>,
     /// Prometheus endpoint (`prometheus` directive, `-metrics-listen-address`).
     pub metrics: Option<SocketAddr>,
+    /// The other addresses `prometheus` names in other blocks: each serves the same metrics
+    /// (CoreDNS opens a listener per address, all on one registry).
+    pub extra_metrics: Vec<SocketAddr>,
+    /// node-cache's own metrics address, `-metrics-listen-address` (default 0.0.0.0:9353),
+    /// which node-cache serves whatever the Corefile says, `prometheus` or not (Gardener
+    /// scrapes it), with the same metrics as the `prometheus` address: with a Corefile only.
+    pub node_cache_metrics: Option<SocketAddr>,
     /// Polling interval for the Corefile, when the `reload` directive asks for one.
     pub reload: Option<Duration>,
     /// Settings accepted but meaning something slightly different in nodedns, each with its
     /// `file:line`: the agent logs them once per load.
     pub warnings: Vec<String>,
+    /// The cluster domains (`cluster.local.`): the zones of the configuration's own blocks other
+    /// than `.` and the reverse zones (kube-dns stub domains are not among them). The ndots
+    /// cascade prefetch recognises a pod's search list by them.
+    pub cluster_domains: Vec<String>,
+    /// `--cascade-prefetch`: follow a first search-list step's NXDOMAIN with the later steps.
+    pub cascade_prefetch: bool,
+    /// Where nodedns deliberately does what node-cache's CoreDNS would not with this
+    /// configuration, because a default of nodedns's applies (prefetch and serve-stale on, a
+    /// cache sized in bytes, `max_concurrent`, `expire`), each with where it applies:
+    /// `--check-config` prints them.
+    pub differences: Vec<Difference>,
+}
+
+/// A default of nodedns's that makes it do what node-cache would not with a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    /// Where it applies: the directive's `file:line`, or a stub domain's file and zone.
+    pub at: String,
+    /// What nodedns does, and what node-cache's CoreDNS does instead.
+    pub what: String,
 }
 
 /// One server block: the zones it answers, where it listens, its cache and its upstreams.
@@ -74,14 +113,20 @@ pub struct Server {
     pub listen: Vec<SocketAddr>,
     /// `None` when the block has no `cache` directive: every query goes upstream.
     pub cache: Option<nodedns_cache::Policy>,
-    /// `None` when the block has no `forward`: queries get REFUSED (nothing else answers them).
+    /// `None` when the block has no `forward`: what no other plugin answers gets SERVFAIL, as
+    /// at the end of CoreDNS's chain.
     pub forward: Option<Forward>,
-    /// `log`: log every query of this block.
-    pub log: bool,
+    /// `log`: the rules of its `log` lines, in file order (a query is logged by the first whose
+    /// name covers it, if its classes take the answer); empty without `log`.
+    pub log: Vec<LogRule>,
     /// `errors`: log failed upstream exchanges of this block.
     pub errors: bool,
     /// `loop`: probe at start whether queries sent upstream come back (CoreDNS's loop plugin).
     pub loop_check: bool,
+    /// `dnstap`, each directive a sink (`--dnstap-sample` filled in).
+    pub dnstap: Vec<Dnstap>,
+    /// The plugins after the cache other than `forward` (`hosts`, `whoami`), in chain order.
+    pub chain: crate::plugin::Chain,
 }
 
 /// A `forward` directive.
@@ -94,7 +139,79 @@ pub struct Forward {
     pub upstream: nodedns_upstream::Config,
 }
 
+/// A `dnstap` directive: where the query/response stream goes and what it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dnstap {
+    pub sink: Sink,
+    /// `full`: the messages carry the DNS messages in wire form.
+    pub full: bool,
+    /// `identity`; the host name when not given.
+    pub identity: Option<String>,
+    /// `version`; `nodedns-VERSION` when not given.
+    pub version: Option<String>,
+    /// `extra`, written as given.
+    pub extra: Option<String>,
+    /// Messages queued at most.
+    pub queue: usize,
+    /// The TCP socket's send buffer, in bytes.
+    pub write_buffer: usize,
+    /// Tap one query in this many (`--dnstap-sample`; 1: every query).
+    pub sample: u32,
+}
+
+impl Dnstap {
+    /// CoreDNS's queue: 10,000 messages times the directive's `queue` multiplier.
+    pub const QUEUE: usize = 10_000;
+    /// CoreDNS's TCP write buffer: 1 MiB times the `writebuffer` multiplier.
+    pub const WRITE_BUFFER: usize = 1 << 20;
+
+    /// A tap of `sink` with CoreDNS's defaults.
+    pub fn new(sink: Sink) -> Self {
+        Dnstap {
+            sink,
+            full: false,
+            identity: None,
+            version: None,
+            extra: None,
+            queue: Dnstap::QUEUE,
+            write_buffer: Dnstap::WRITE_BUFFER,
+            sample: 1,
+        }
+    }
+}
+
+/// Where a `dnstap` directive writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sink {
+    /// `unix://PATH` or a plain path.
+    Unix(std::path::PathBuf),
+    /// `tcp://HOST:PORT`; HOST may be a name, resolved at each dial.
+    Tcp(String),
+}
+
+impl fmt::Display for Sink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Sink::Unix(path) => write!(f, "unix://{}", path.display()),
+            Sink::Tcp(addr) => write!(f, "tcp://{addr}"),
+        }
+    }
+}
+
 impl Config {
+    /// The cluster domain this configuration implies: its first server block zone that is
+    /// neither the root nor a reverse zone (node-local-dns's Corefile starts with
+    /// `cluster.local:53`).
+    pub fn cluster_domain(&self) -> Option<&str> {
+        self.servers
+            .iter()
+            .flat_map(|s| s.zones.iter())
+            .find(|z| {
+                z.as_str() != "." && !z.ends_with("in-addr.arpa.") && !z.ends_with("ip6.arpa.")
+            })
+            .map(String::as_str)
+    }
+
     /// What differs between `self` (running) and `next` that a reload cannot apply: sockets
     /// already bound. Empty when `next` can be swapped in completely.
     pub fn restart_needed(&self, next: &Config) -> Vec<String> {
@@ -117,6 +234,12 @@ impl Config {
             out.push(format!(
                 "local IPs {:?} → {:?}",
                 self.local_ips, next.local_ips
+            ));
+        }
+        if self.extra_metrics != next.extra_metrics {
+            out.push(format!(
+                "other prometheus addresses {:?} → {:?}",
+                self.extra_metrics, next.extra_metrics
             ));
         }
         for (what, a, b) in [
@@ -205,10 +328,24 @@ pub struct Inputs {
     pub resolv_conf: Option<String>,
     /// The kube-dns ConfigMap, when its directory is mounted.
     pub kubedns: Option<KubeDns>,
+    /// Contents of the other resolv.conf files the Corefile's `forward` names as upstreams
+    /// (`forward . /etc/resolv.conf` beside `--resolv-conf /run/...`: CoreDNS reads the file
+    /// named); `None` for one that does not exist. See [`forward_paths`].
+    pub forward_files: BTreeMap<PathBuf, Option<String>>,
+    /// What the Corefile's `import`s read: files and the directories their globs looked into.
+    pub imports: Imports,
+    /// The host's network interfaces by name, each with its addresses (`bind IFACE`), as read
+    /// when the configuration is (re)loaded.
+    pub interfaces: BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// node-cache's default `-basecorefile`, where nodelocaldns.yaml mounts its ConfigMap.
 pub(crate) const DEFAULT_BASE_COREFILE: &str = "/etc/coredns/Corefile.base";
+/// node-cache's default `-health-port`.
+pub(crate) const DEFAULT_HEALTH_PORT: u16 = 8080;
+/// node-cache's default `-metrics-listen-address`.
+pub(crate) const NODE_CACHE_METRICS: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 9353);
 /// node-cache's default kube-dns ConfigMap directory, used when it exists.
 pub(crate) const DEFAULT_KUBEDNS_DIR: &str = "/etc/kube-dns";
 
@@ -279,13 +416,111 @@ fn read_if_present(path: &Path) -> Result<Option<String>, ConfigError> {
     }
 }
 
+/// The files the Corefile's `forward` directives name as upstreams, other than `--resolv-conf`
+/// (always read). CoreDNS takes every `TO` that is not an address for a resolv.conf to read
+/// (its `parse.HostPortOrFile`), whatever the path: node-cache's own rendering writes
+/// `/etc/resolv.conf` there. Taken from the file as written (pillars are filled later and
+/// never name a file but `--resolv-conf`); a file that does not parse names none, and its load
+/// says why.
+pub(crate) fn forward_paths(
+    args: &ConfigArgs,
+    file: &Path,
+    text: &str,
+    env: &HashMap<String, String>,
+    imports: &Imports,
+) -> Vec<PathBuf> {
+    let dir = import_dir(args, file);
+    let Ok(parsed) = corefile::parse(&file.display().to_string(), text, env, &dir, &mut &*imports)
+    else {
+        return Vec::new();
+    };
+    let mut paths: Vec<PathBuf> = parsed
+        .blocks
+        .iter()
+        .flat_map(|b| &b.directives)
+        .filter(|d| d.name == "forward")
+        .flat_map(|d| d.args.iter().skip(1))
+        .map(|w| w.text.strip_prefix("dns://").unwrap_or(&w.text))
+        .filter(|to| {
+            !to.contains("://")
+                && !to.contains("__PILLAR__")
+                && values::host_port(to, 53).is_err()
+                && Path::new(to) != args.resolv_conf
+        })
+        .map(PathBuf::from)
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// The directory relative imports start from: that of the Corefile CoreDNS reads, which in
+/// node-cache is the rendered `-conf` (so `import custom/*.override` in the template means
+/// `/etc/custom/` for `-conf /etc/Corefile`), else the file read.
+pub(crate) fn import_dir(args: &ConfigArgs, read: &Path) -> PathBuf {
+    args.conf
+        .as_deref()
+        .unwrap_or(read)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// What the imports of `text` (the Corefile at `file`) read from disk; nothing when it does not
+/// parse (the load says why).
+fn read_imports(
+    args: &ConfigArgs,
+    file: &Path,
+    text: &str,
+    env: &HashMap<String, String>,
+) -> Imports {
+    let mut record = Imports::default();
+    let _ = corefile::parse(
+        &file.display().to_string(),
+        text,
+        env,
+        &import_dir(args, file),
+        &mut import::Disk {
+            record: &mut record,
+        },
+    );
+    record
+}
+
+/// The files the Corefile `args` names depends on, read from disk (none when it cannot be
+/// read): the resolv.conf files its `forward`s name ([`forward_paths`]) and the files its
+/// `import`s name. For the watcher: a change of those files is a change of the configuration.
+pub(crate) fn paths_on_disk(args: &ConfigArgs) -> Vec<PathBuf> {
+    let Some(source) = corefile_source(args) else {
+        return Vec::new();
+    };
+    let Ok(text) = std::fs::read_to_string(&source.read) else {
+        return Vec::new();
+    };
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let imports = read_imports(args, &source.read, &text, &env);
+    let mut paths = forward_paths(args, &source.read, &text, &env, &imports);
+    paths.extend(imports.paths().map(Path::to_path_buf));
+    paths
+}
+
 /// Reads every input `args` names: the Corefile, the kube-dns ConfigMap, the resolv.conf, the
-/// environment.
+/// resolv.conf files the Corefile's `forward` names, the environment.
 pub fn read_inputs(args: &ConfigArgs) -> Result<Inputs, ConfigError> {
     let corefile = match corefile_source(args) {
         Some(source) => Some((source.read.clone(), read(&source.read)?)),
         None => None,
     };
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let mut forward_files = BTreeMap::new();
+    let mut imports = Imports::default();
+    if let Some((path, text)) = &corefile {
+        imports = read_imports(args, path, text, &env);
+        for file in forward_paths(args, path, text, &env, &imports) {
+            let contents = read_if_present(&file)?;
+            forward_files.insert(file, contents);
+        }
+    }
     let kubedns = match kubedns_dir(args) {
         Some(dir) => {
             std::fs::read_dir(&dir).map_err(|source| ConfigError::Read {
@@ -302,10 +537,37 @@ pub fn read_inputs(args: &ConfigArgs) -> Result<Inputs, ConfigError> {
     };
     Ok(Inputs {
         corefile,
-        env: std::env::vars().collect(),
+        env,
         resolv_conf: read_if_present(&args.resolv_conf)?,
         kubedns,
+        forward_files,
+        imports,
+        interfaces: interfaces(),
     })
+}
+
+/// The interfaces of the network namespace the agent runs in, with their IPv4 and IPv6
+/// addresses (getifaddrs). None when they cannot be listed: `bind IFACE` then says so.
+fn interfaces() -> BTreeMap<String, Vec<IpAddr>> {
+    let mut out: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+    let Ok(list) = nix::ifaddrs::getifaddrs() else {
+        return out;
+    };
+    for ifa in list {
+        let addrs = out.entry(ifa.interface_name).or_default();
+        let Some(addr) = ifa.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        if !addrs.contains(&ip) {
+            addrs.push(ip);
+        }
+    }
+    out
 }
 
 /// Reads the files `args` names, then [`build`]s. When a node-cache template was rendered into
@@ -343,8 +605,10 @@ struct Layout {
     lameduck: Option<Duration>,
     ready: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
+    extra_metrics: Vec<SocketAddr>,
     reload: Option<Duration>,
     warnings: Vec<String>,
+    differences: Vec<Difference>,
 }
 
 fn build_rendered(
@@ -380,10 +644,16 @@ fn build_rendered(
         lameduck,
         ready,
         metrics,
+        extra_metrics,
         reload,
         warnings,
+        mut differences,
     } = layout;
 
+    let cluster_domains = cluster_domains(&servers);
+    if args.cascade_prefetch && inputs.corefile.is_some() {
+        differences.extend(cascade_difference(&servers, &cluster_domains));
+    }
     let stub_file = inputs
         .kubedns
         .as_ref()
@@ -395,19 +665,37 @@ fn build_rendered(
         &mut servers,
         &mut problems,
     );
+    differences.extend(stub_differences(&kube, stub_file.as_deref()));
     check_duplicates(&servers, &mut problems);
     check_loops(args, &servers, &mut problems);
+    for tap in servers.iter_mut().flat_map(|p| p.server.dnstap.iter_mut()) {
+        tap.sample = args.dnstap_sample;
+    }
 
+    let node_cache_metrics = inputs
+        .corefile
+        .as_ref()
+        .map(|_| args.metrics_listen_address.unwrap_or(NODE_CACHE_METRICS));
+    let host_health_port = args.health_port.or(match inputs.corefile {
+        Some(_) => Some(DEFAULT_HEALTH_PORT),
+        None => health.map(|h| h.port()),
+    });
     if problems.is_empty() {
         let config = Config {
             servers: servers.into_iter().map(|p| p.server).collect(),
             local_ips: args.local_ip.clone(),
             health,
+            host_health_port,
             lameduck,
             ready,
             metrics,
+            extra_metrics,
+            node_cache_metrics,
             reload,
             warnings,
+            cluster_domains,
+            cascade_prefetch: args.cascade_prefetch,
+            differences,
         };
         Ok((config, rendered))
     } else {
@@ -434,9 +722,20 @@ fn corefile_layout(
     let rendered = template::render(&file, text, &fill)
         .map_err(|p| problems.extend(p))
         .ok()?;
-    let blocks = corefile::parse(&file, &rendered.text, &inputs.env)
-        .map_err(|p| problems.extend(p))
-        .ok()?;
+    let dir = import_dir(args, path);
+    let corefile::Corefile {
+        blocks,
+        lines,
+        warnings: syntax_warnings,
+    } = corefile::parse(
+        &file,
+        &rendered.text,
+        &inputs.env,
+        &dir,
+        &mut &inputs.imports,
+    )
+    .map_err(|p| problems.extend(p))
+    .ok()?;
     if blocks.is_empty() {
         problems.push(Problem::in_file(&file, "has no server block".to_owned()));
         return None;
@@ -446,11 +745,26 @@ fn corefile_layout(
         dns_port: args.dns_port,
         resolv_conf_path: &args.resolv_conf,
         resolv_conf: inputs.resolv_conf.as_deref(),
+        forward_files: &inputs.forward_files,
         upstream_lines: &rendered.upstream_lines,
         kube_upstreams: kube.upstreams.is_some(),
+        interfaces: &inputs.interfaces,
     };
-    let parsed = directives::interpret(&blocks, &ctx, problems);
-    let mut warnings = parsed.warnings;
+    let before = problems.len();
+    let mut parsed = directives::interpret(&blocks, &ctx, problems);
+    // What the directives say about lines of imported files, put back in those files.
+    for p in &mut problems[before..] {
+        p.location = p.location.as_deref().map(|l| lines.relocate(l));
+        p.message = lines.relocate(&p.message);
+    }
+    for placed in &mut parsed.servers {
+        placed.origin = lines.relocate(&placed.origin);
+    }
+    for d in &mut parsed.differences {
+        d.at = lines.relocate(&d.at);
+    }
+    let mut warnings = syntax_warnings;
+    warnings.extend(parsed.warnings.iter().map(|w| lines.relocate(w)));
     let directive_health = parsed.health.get();
     if let (Some(port), Some(h)) = (args.health_port, directive_health) {
         if h.port() != port {
@@ -461,25 +775,19 @@ fn corefile_layout(
             ));
         }
     }
-    let mut metrics = parsed.metrics.get();
-    if let Some(flag) = args.metrics_listen_address {
-        match metrics {
-            None => metrics = Some(flag),
-            Some(m) if m != flag => warnings.push(format!(
-                "-metrics-listen-address {flag} is not opened: nodedns serves all its metrics, \
-                 host setup included, on the `prometheus` address {m}"
-            )),
-            Some(_) => {}
-        }
-    }
+    // Without `prometheus`, the flag's address is the metrics address (it is served anyway:
+    // `node_cache_metrics`).
+    let metrics = parsed.metrics.get().or(args.metrics_listen_address);
     let layout = Layout {
         servers: parsed.servers,
         health: args.health.or(directive_health),
         lameduck: parsed.lameduck.get(),
         ready: parsed.ready.get(),
         metrics,
+        extra_metrics: parsed.extra_metrics,
         reload: parsed.reload.get(),
         warnings,
+        differences: parsed.differences,
     };
     Some((layout, rendered.text))
 }
@@ -512,7 +820,7 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
     let server = Server {
         zones: vec![".".to_owned()],
         listen,
-        cache: Some(directives::default_policy(args.cache_size)),
+        cache: Some(crate::plugin::cache::default_policy(args.cache_size)),
         forward: Some(Forward {
             from: ".".to_owned(),
             except: Vec::new(),
@@ -523,9 +831,11 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
                 ..Default::default()
             },
         }),
-        log: false,
+        log: Vec::new(),
         errors: true,
         loop_check: false,
+        dnstap: Vec::new(),
+        chain: crate::plugin::Chain::default(),
     };
     if let Err(e) = server
         .cache
@@ -551,15 +861,48 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
         lameduck: None,
         ready: None,
         metrics: args.metrics_listen_address,
+        extra_metrics: Vec::new(),
         reload: None,
         warnings: Vec::new(),
+        // No Corefile: nothing node-cache would run to compare with.
+        differences: Vec::new(),
     }
+}
+
+/// The zones of `servers` that name a cluster domain: all but `.` and those under `arpa.`, in
+/// order, each once.
+fn cluster_domains(servers: &[Placed]) -> Vec<String> {
+    let mut domains: Vec<String> = Vec::new();
+    for zone in servers.iter().flat_map(|p| &p.server.zones) {
+        let reverse = zone == "arpa." || zone.ends_with(".arpa.");
+        if zone != "." && !reverse && !domains.contains(zone) {
+            domains.push(zone.clone());
+        }
+    }
+    domains
+}
+
+/// The ndots cascade prefetch, noted at the first block serving a cluster domain: node-cache
+/// has none.
+fn cascade_difference(servers: &[Placed], domains: &[String]) -> Option<Difference> {
+    let first = domains.first()?;
+    let block = servers.iter().find(|p| p.server.zones.contains(first))?;
+    Some(Difference {
+        at: block.origin.clone(),
+        what: format!(
+            "the ndots cascade prefetch is on: a pod's first search-list step under {} answered \
+             NXDOMAIN starts the fetches of its later steps (--cascade-prefetch=false turns it \
+             off); node-cache has no such thing",
+            domains.join(" ")
+        ),
+    })
 }
 
 /// The cache node-cache gives stub domains (`cache 30`), with nodedns's defaults for the rest.
 fn stub_policy() -> nodedns_cache::Policy {
-    let mut p =
-        directives::default_policy(2 * directives::DEFAULT_ENTRIES * directives::BYTES_PER_ENTRY);
+    let mut p = crate::plugin::cache::default_policy(
+        2 * crate::plugin::cache::DEFAULT_ENTRIES * crate::plugin::cache::BYTES_PER_ENTRY,
+    );
     p.success.max = 30;
     p.denial.max = 30;
     p
@@ -583,6 +926,7 @@ fn apply_kubedns(
             }
             if let Some(f) = p.server.forward.as_mut().filter(|f| f.from == ".") {
                 f.upstream.addrs.clone_from(upstreams);
+                f.upstream.tls = None;
                 f.upstream.transport = Transport::PreferUdp;
                 replaced = true;
             }
@@ -633,13 +977,37 @@ fn apply_kubedns(
                         ..Default::default()
                     },
                 }),
-                log: false,
+                log: Vec::new(),
                 errors: true,
                 loop_check: false,
+                dnstap: Vec::new(),
+                chain: crate::plugin::Chain::default(),
             },
             origin: format!("{origin} ({zone})"),
         });
     }
+}
+
+/// The block node-cache appends for a stub domain has `cache 30` and a bare `forward`: here it
+/// takes nodedns's defaults for the rest.
+fn stub_differences(kube: &kubedns::Parsed, stub_file: Option<&str>) -> Vec<Difference> {
+    let origin = stub_file.unwrap_or(kubedns::STUB_DOMAINS);
+    let upstream = nodedns_upstream::Config::default();
+    kube.stub_domains
+        .iter()
+        .map(|(zone, _)| Difference {
+            at: format!("{origin} ({zone})"),
+            what: format!(
+                "the stub domain's block takes nodedns's defaults where node-cache's has none: \
+                 prefetch and serve_stale on, {} cache entries per class counted as {} B each, \
+                 at most {} queries in flight, idle upstream connections closed after {:?}",
+                crate::plugin::cache::DEFAULT_ENTRIES,
+                crate::plugin::cache::BYTES_PER_ENTRY,
+                upstream.max_concurrent,
+                upstream.expire
+            ),
+        })
+        .collect()
 }
 
 /// Whether two listen sets receive some of the same queries.
@@ -704,5 +1072,7 @@ fn check_loops(args: &ConfigArgs, servers: &[Placed], problems: &mut Vec<Problem
     }
 }
 
+#[cfg(test)]
+mod dnstap_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -151,9 +151,11 @@ mod tests {
                     .collect(),
                 upstream: nodedns_upstream::Config::default(),
             }),
-            log: false,
+            log: Vec::new(),
             errors: false,
             loop_check: false,
+            dnstap: Vec::new(),
+            chain: Default::default(),
         }
     }
 

@@ -1,18 +1,18 @@
 //! Loading as a whole: the stock node-local-dns Corefile, every directive and option and their
 //! error paths (with line numbers), CLI mode, the kube-dns ConfigMap, loop refusal, `load`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use nodedns_cache::{Clamp, Policy, Prefetch, Stale};
+use nodedns_cache::{Clamp, Policy, Prefetch, Refresh, Scope, Stale};
 use nodedns_upstream::{Selection, Transport};
 
-use super::directives::{BYTES_PER_ENTRY, DEFAULT_PREFETCH, DEFAULT_STALE};
 use super::*;
+use crate::plugin::cache::{BYTES_PER_ENTRY, DEFAULT_PREFETCH, DEFAULT_STALE};
 
 /// A directory under the system temp dir, removed on drop.
 pub(crate) struct TempDir(PathBuf);
@@ -93,7 +93,23 @@ fn inputs(corefile: &str) -> Inputs {
         env: stock_env(),
         resolv_conf: Some(format!("nameserver {NODE_RESOLVER}\n")),
         kubedns: None,
+        forward_files: BTreeMap::new(),
+        imports: Imports::default(),
+        interfaces: host_interfaces(),
     }
+}
+
+/// The interfaces `bind IFACE` finds: `lo`, and `eth0` with an IPv6 link-local address beside
+/// its others; `down0` has none.
+fn host_interfaces() -> BTreeMap<String, Vec<IpAddr>> {
+    BTreeMap::from([
+        ("lo".to_owned(), vec![ip("127.0.0.1"), ip("::1")]),
+        (
+            "eth0".to_owned(),
+            vec![ip("10.0.0.5"), ip("fe80::5"), ip("fd00::5")],
+        ),
+        ("down0".to_owned(), Vec::new()),
+    ])
 }
 
 fn messages(err: ConfigError) -> Vec<String> {
@@ -169,7 +185,7 @@ fn stock_corefile_parses_fills_the_pillars_and_matches_node_cache() {
     for s in &config.servers {
         assert_eq!(s.zones.len(), 1);
         assert_eq!(s.listen, listen);
-        assert!(s.errors && s.loop_check && !s.log);
+        assert!(s.errors && s.loop_check && s.log.is_empty());
     }
     let cluster = &config.servers[0];
     assert_eq!(
@@ -179,11 +195,10 @@ fn stock_corefile_parses_fills_the_pillars_and_matches_node_cache() {
             success: Clamp { min: 5, max: 30 },
             denial: Clamp { min: 5, max: 5 },
             servfail_ttl: 5,
-            stale: Some(Stale {
-                window: Duration::from_secs(3600),
-                ttl: 30
-            }),
+            stale: Some(DEFAULT_STALE),
             prefetch: Some(DEFAULT_PREFETCH),
+            keep_ttl: false,
+            scope: Scope::default(),
         })
     );
     let f = cluster.forward.as_ref().unwrap();
@@ -218,6 +233,78 @@ fn stock_corefile_parses_fills_the_pillars_and_matches_node_cache() {
     assert_eq!(config.ready, None);
     assert_eq!(config.reload, Some(Duration::from_secs(30)));
     assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+/// What `config` notes as differing from node-cache at `file:line`, in order.
+fn differences_at<'c>(config: &'c Config, at: &str) -> Vec<&'c str> {
+    config
+        .differences
+        .iter()
+        .filter(|d| d.at == at)
+        .map(|d| d.what.as_str())
+        .collect()
+}
+
+#[test]
+fn stock_corefile_notes_where_nodedns_defaults_differ_from_node_cache() {
+    let config = build(&stock_args(), &inputs(&stock_corefile_after_install())).unwrap();
+    // Each block: its cache line (bytes, prefetch, serve-stale) and its forward line.
+    for (cache, forward) in [(3, 10), (18, 22), (29, 33), (40, 44)] {
+        let noted = differences_at(&config, &format!("Corefile:{cache}"));
+        assert_eq!(noted.len(), 3, "{noted:#?}");
+        let [bytes, prefetch, stale] = [noted[0], noted[1], noted[2]];
+        assert!(bytes.starts_with("cache: sized in bytes"), "{bytes}");
+        assert!(
+            bytes.contains("9984 success + 9984 denial entries"),
+            "{bytes}"
+        );
+        assert!(bytes.contains("10223616 bytes"), "{bytes}");
+        assert!(prefetch.starts_with("cache: prefetch is on"), "{prefetch}");
+        assert!(stale.starts_with("cache: serve_stale is on"), "{stale}");
+        let noted = differences_at(&config, &format!("Corefile:{forward}"));
+        assert_eq!(noted.len(), 2, "{noted:#?}");
+        assert!(
+            noted[0].contains("at most 1000 queries in flight"),
+            "{}",
+            noted[0]
+        );
+        assert!(noted[1].contains("closed after 5s"), "{}", noted[1]);
+    }
+    let noted = differences_at(&config, "Corefile:1");
+    assert_eq!(noted.len(), 1, "{noted:#?}");
+    assert!(
+        noted[0].starts_with(
+            "the ndots cascade prefetch is on: a pod's first search-list step under cluster.local."
+        ),
+        "{}",
+        noted[0]
+    );
+    assert_eq!(config.differences.len(), 4 * 5 + 1);
+    let mut off = stock_args();
+    off.cascade_prefetch = false;
+    let config = build(&off, &inputs(&stock_corefile_after_install())).unwrap();
+    assert_eq!(config.differences.len(), 4 * 5, "off: nothing to note");
+}
+
+#[test]
+fn options_written_out_are_no_longer_differences() {
+    let config = ok(&block(
+        "    cache {\n        prefetch 2\n        serve_stale 1h\n    }\n    forward . 10.0.0.1 {\n        max_concurrent 1000\n        expire 5s\n    }",
+    ));
+    let noted: Vec<&str> = config.differences.iter().map(|d| d.what.as_str()).collect();
+    assert_eq!(noted.len(), 1, "{noted:#?}");
+    assert!(
+        noted[0].starts_with("cache: sized in bytes"),
+        "{}",
+        noted[0]
+    );
+    // Without a Corefile there is no node-cache configuration to compare with.
+    let cli_mode = build(&cli(&["--upstream", "10.0.0.1"]), &Inputs::default()).unwrap();
+    assert!(
+        cli_mode.differences.is_empty(),
+        "{:#?}",
+        cli_mode.differences
+    );
 }
 
 #[test]
@@ -371,7 +458,6 @@ fn bad_keys_are_errors_with_their_lines() {
         &errs,
         &[
             (1, "tls:// server blocks are not implemented"),
-            (3, "on different ports"),
             (5, "port is not a number"),
             (7, "empty label"),
             (9, "listed twice"),
@@ -391,13 +477,15 @@ fn without_bind_a_block_listens_on_every_address() {
 
 #[test]
 fn bind_lines_accumulate_and_except_removes() {
+    // `except` applies to its own line only, as in CoreDNS: 10.0.0.2 stays.
     let c = ok(
-        ".:53 {\n  bind 10.0.0.1 10.0.0.2\n  bind fd00::1 10.0.0.1\n  bind 10.0.0.3 {\n    except 10.0.0.2\n  }\n}\n",
+        ".:53 {\n  bind 10.0.0.1 10.0.0.2\n  bind fd00::1 10.0.0.1\n  bind 10.0.0.3 10.0.0.4 {\n    except 10.0.0.2 10.0.0.4\n  }\n}\n",
     );
     assert_eq!(
         c.servers[0].listen,
         [
             addr("10.0.0.1:53"),
+            addr("10.0.0.2:53"),
             addr("[fd00::1]:53"),
             addr("10.0.0.3:53")
         ]
@@ -405,21 +493,44 @@ fn bind_lines_accumulate_and_except_removes() {
 }
 
 #[test]
+fn bind_takes_interfaces_for_their_addresses_without_ipv6_link_local() {
+    let c = ok(".:53 {\n  bind lo eth0\n}\n");
+    assert_eq!(
+        c.servers[0].listen,
+        [
+            addr("127.0.0.1:53"),
+            addr("[::1]:53"),
+            addr("10.0.0.5:53"),
+            addr("[fd00::5]:53")
+        ]
+    );
+    // `except` takes interfaces and addresses too.
+    let c = ok(".:53 {\n  bind lo eth0 {\n    except lo fd00::5\n  }\n}\n");
+    assert_eq!(c.servers[0].listen, [addr("10.0.0.5:53")]);
+    // An interface without an address leaves nothing to listen on.
+    let errs = errs(".:53 {\n  bind down0\n}\n");
+    assert_errs(&errs, &[(1, "`bind` leaves no address to listen on")]);
+}
+
+#[test]
 fn bind_errors_name_their_lines() {
     let errs = errs(
-        ".:53 {\n  bind\n  bind eth0 fe80::1%eth0\n  bind 10.0.0.1 {\n    only 10.0.0.1\n  }\n}\n",
+        ".:53 {\n  bind\n  bind eth9 fe80::1%eth0\n  bind 10.0.0.1 {\n    only 10.0.0.1\n  }\n}\n",
     );
     assert_errs(
         &errs,
         &[
-            (2, "expected `bind ADDRESS...`"),
-            (3, "`eth0` is not an IP address"),
+            (2, "expected `bind ADDRESS|IFACE...`"),
+            (
+                3,
+                "`eth9` is not an IP address nor an interface of this host (interfaces: down0 eth0 lo;",
+            ),
             (3, "`fe80::1%eth0` is not an IP address"),
             (5, "unknown option `only` of `bind`"),
         ],
     );
     let errs = self::errs(".:53 {\n  bind 10.0.0.1 {\n    except 10.0.0.1\n  }\n}\n");
-    assert_errs(&errs, &[(1, "excepts every address")]);
+    assert_errs(&errs, &[(1, "it excepts every address it lists")]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -479,17 +590,18 @@ fn cache_minttl_above_ttl_is_accepted_with_a_warning() {
 }
 
 #[test]
-fn cache_prefetch_sets_amount_and_percentage_or_turns_it_off() {
-    let c = ok(&block("    cache {\n        prefetch 5 1m 20%\n    }"));
+fn cache_prefetch_sets_amount_window_and_percentage_or_turns_it_off() {
+    let c = ok(&block("    cache {\n        prefetch 5 10m 20%\n    }"));
     assert_eq!(
         c.servers[0].cache.as_ref().unwrap().prefetch,
         Some(Prefetch {
             amount: 5,
+            window: Duration::from_secs(600),
             percentage: 20
         })
     );
     assert!(
-        c.warnings[0].starts_with("Corefile:4: prefetch DURATION `1m` has no effect"),
+        !c.warnings.iter().any(|w| w.contains("prefetch")),
         "{:?}",
         c.warnings
     );
@@ -498,6 +610,7 @@ fn cache_prefetch_sets_amount_and_percentage_or_turns_it_off() {
         p.prefetch,
         Some(Prefetch {
             amount: 3,
+            window: Duration::from_secs(60),
             percentage: 10
         })
     );
@@ -507,31 +620,204 @@ fn cache_prefetch_sets_amount_and_percentage_or_turns_it_off() {
     );
 }
 
+/// The stale policy of a block whose `cache` has this one option line.
+fn stale_of(option: &str) -> Option<Stale> {
+    cache_of(&format!("    cache {{\n        {option}\n    }}")).stale
+}
+
 #[test]
-fn cache_serve_stale_sets_the_window_or_turns_it_off() {
-    let p = cache_of("    cache {\n        serve_stale 2h verified\n    }");
-    assert_eq!(
-        p.stale,
-        Some(Stale {
-            window: Duration::from_secs(7200),
-            ttl: 30
-        })
+fn cache_keepttl_and_disable_set_the_policy() {
+    let p = cache_of(
+        "    cache {\n        keepttl\n        disable denial sub.example.org Example.NET\n        disable success\n    }",
     );
+    assert!(p.keep_ttl);
     assert_eq!(
-        cache_of("    cache {\n        serve_stale\n    }").stale,
-        Some(DEFAULT_STALE)
+        p.scope.no_denial,
+        [
+            values::wire("sub.example.org.").into_boxed_slice(),
+            values::wire("example.net.").into_boxed_slice()
+        ]
     );
-    assert_eq!(
-        cache_of("    cache {\n        serve_stale 0s\n    }").stale,
-        None
-    );
-    let c = ok(&block(
-        "    cache {\n        serve_stale 1h immediate\n    }",
+    assert_eq!(p.scope.no_success, [values::wire(".").into_boxed_slice()]);
+    assert!(p.scope.zones.is_empty());
+    let errs = errs(&block(
+        "    cache {\n        keepttl 5\n        disable\n        disable everything\n    }",
     ));
+    assert_errs(
+        &errs,
+        &[
+            (4, "keepttl: expected `keepttl`"),
+            (5, "disable: expected `disable success|denial [ZONES...]`"),
+            (
+                6,
+                "cache disable: expected `success` or `denial`, not `everything`",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn cache_zones_narrower_than_the_block_scope_the_cache() {
+    let p = cache_of("    cache 30 example.com");
+    assert_eq!(
+        p.scope.zones,
+        [values::wire("example.com.").into_boxed_slice()]
+    );
+    assert_eq!(p.success.max, 30);
+    // Zones that cover the block leave the scope open.
     assert!(
-        c.warnings[0].contains("serve_stale immediate"),
-        "{:?}",
-        c.warnings
+        cache_of("    cache 30 . example.com")
+            .scope
+            .zones
+            .is_empty()
+    );
+}
+
+#[test]
+fn cache_serve_stale_reads_coredns_1_14s_syntax() {
+    let secs = Duration::from_secs;
+    let written = |window: u64, refresh, ttl, recheck: u64| Stale {
+        window: secs(window),
+        ttl,
+        refresh,
+        recheck: secs(recheck),
+        prefer_positive: false,
+    };
+    let immediate = Refresh::Immediate;
+    let verify = |ms: Option<u64>| Refresh::Verify {
+        timeout: ms.map(Duration::from_millis),
+    };
+    for (line, stale) in [
+        // A written `serve_stale` is CoreDNS's: immediate, no recheck; the TTL is RFC 8767's.
+        ("serve_stale", written(3600, immediate, 30, 0)),
+        ("serve_stale 2h", written(7200, immediate, 30, 0)),
+        ("serve_stale 2h immediate", written(7200, immediate, 30, 0)),
+        (
+            "serve_stale 2h IMMEDIATE 10s",
+            written(7200, immediate, 10, 0),
+        ),
+        (
+            "serve_stale 1h immediate 30s 30s",
+            written(3600, immediate, 30, 30),
+        ),
+        ("serve_stale 1h verify", written(3600, verify(None), 30, 0)),
+        (
+            "serve_stale 1h verify 100ms",
+            written(3600, verify(Some(100)), 30, 0),
+        ),
+        (
+            "serve_stale 1h verify 0 20s",
+            written(3600, verify(None), 20, 0),
+        ),
+        (
+            "serve_stale 1h verify 100ms 30s 5m",
+            written(3600, verify(Some(100)), 30, 300),
+        ),
+    ] {
+        assert_eq!(stale_of(line), Some(stale), "{line}");
+    }
+    assert_eq!(
+        stale_of("serve_stale 0s"),
+        None,
+        "a window of 0 turns it off"
+    );
+    assert_eq!(stale_of("serve_stale 0s verify"), None);
+    // Without a line: nodedns's own (verify, a 5 s recheck).
+    assert_eq!(cache_of("    cache").stale, Some(DEFAULT_STALE));
+    assert_eq!(
+        DEFAULT_STALE,
+        written(3600, verify(None), 30, 5),
+        "the difference note says `serve_stale 1h verify 0 30s 5s`"
+    );
+    // Nothing is left to warn about: both modes do what CoreDNS's do.
+    assert!(
+        ok(&block(
+            "    cache {\n        serve_stale 1h immediate\n    }"
+        ))
+        .warnings
+        .is_empty()
+    );
+}
+
+#[test]
+fn cache_serve_stale_policy_prefer_positive() {
+    let stale = cache_of("    cache {\n        serve_stale 1h verify\n        serve_stale_policy prefer_positive\n    }")
+        .stale
+        .unwrap();
+    assert!(stale.prefer_positive);
+    assert_eq!(stale.refresh, Refresh::Verify { timeout: None });
+    // In either order, and on nodedns's default serve-stale too.
+    let stale = cache_of(
+        "    cache {\n        serve_stale_policy PREFER_POSITIVE\n        serve_stale 2h\n    }",
+    )
+    .stale
+    .unwrap();
+    assert!(stale.prefer_positive && stale.window == Duration::from_secs(7200));
+    assert!(
+        stale_of("serve_stale_policy prefer_positive")
+            .unwrap()
+            .prefer_positive
+    );
+    assert!(!stale_of("serve_stale 1h").unwrap().prefer_positive);
+}
+
+#[test]
+fn cache_serve_stale_errors_name_the_word() {
+    let found = errs(&block(
+        "    cache {
+        serve_stale 1h verified
+        serve_stale 1h immediate 0s
+        serve_stale 1h immediate 1500ms
+        serve_stale 1h immediate 30s 6m
+        serve_stale 1h immediate 30s 30s 30s
+        serve_stale 1h verify x
+        serve_stale 1h verify 0 30s 30s 30s
+        serve_stale 1h verify 0 5000000000s
+        serve_stale_policy prefer_negative
+        serve_stale_policy
+        serve_stale_policy prefer_positive
+    }",
+    ));
+    assert_errs(
+        &found,
+        &[
+            (
+                4,
+                "serve_stale REFRESH_MODE must be `immediate` or `verify`, not `verified`",
+            ),
+            (5, "serve_stale RESPONSE_TTL must be above 0"),
+            (
+                6,
+                "serve_stale RESPONSE_TTL must be a whole number of seconds, not `1500ms`",
+            ),
+            (7, "serve_stale FAILURE_RECHECK cannot exceed 5m, not `6m`"),
+            (
+                8,
+                "serve_stale: expected `serve_stale [DURATION] [immediate",
+            ),
+            (9, "serve_stale VERIFY_TIMEOUT: `x`"),
+            (10, "serve_stale: expected `serve_stale [DURATION]"),
+            (
+                11,
+                "serve_stale RESPONSE_TTL `5000000000s` exceeds the DNS TTL range",
+            ),
+            (
+                12,
+                "serve_stale_policy must be `prefer_positive`, not `prefer_negative`",
+            ),
+            (13, "serve_stale_policy can only be given once"),
+            (14, "serve_stale_policy can only be given once"),
+        ],
+    );
+    let off = errs(&block(
+        "    cache {\n        serve_stale 0s\n        serve_stale_policy prefer_positive\n    }",
+    ));
+    assert_errs(
+        &off,
+        &[(
+            5,
+            "serve_stale_policy needs serve-stale, which `serve_stale 0s` turns off",
+        )],
     );
 }
 
@@ -552,13 +838,6 @@ fn cache_servfail_sets_the_servfail_ttl() {
 }
 
 #[test]
-fn cache_zones_must_cover_the_block() {
-    assert!(cache_of("    cache 30 .").success.max == 30);
-    let errs = errs(&block("    cache 30 example.com"));
-    assert_errs(&errs, &[(3, "cache ZONES: applying it to only some names")]);
-}
-
-#[test]
 fn cache_errors_are_all_reported_with_their_lines() {
     let errs = errs(&block(
         "    cache 0 {
@@ -574,7 +853,7 @@ fn cache_errors_are_all_reported_with_their_lines() {
         serve_stale -1h
         servfail 6m
         servfail
-        keepttl
+        keepttl on
         success 1 { }
     }",
     ));
@@ -598,7 +877,7 @@ fn cache_errors_are_all_reported_with_their_lines() {
             ),
             (
                 12,
-                "serve_stale REFRESH_MODE must be `immediate` or `verified`",
+                "serve_stale REFRESH_MODE must be `immediate` or `verify`",
             ),
             (
                 13,
@@ -606,7 +885,7 @@ fn cache_errors_are_all_reported_with_their_lines() {
             ),
             (14, "servfail DURATION may not be longer than 5m"),
             (15, "servfail: expected `servfail DURATION`"),
-            (16, "unknown option `keepttl` of `cache`"),
+            (16, "keepttl: expected `keepttl`, got 1 argument(s)"),
             (17, "success takes no `{ }` block"),
         ],
     );
@@ -676,6 +955,167 @@ fn forward_reads_the_node_resolv_conf_path() {
     assert_eq!(f.upstream.addrs, [addr("10.0.0.2:53"), addr("10.0.0.9:53")]);
 }
 
+/// node-cache's own rendering of `__PILLAR__UPSTREAM__SERVERS__`, beside a `--resolv-conf`
+/// that names another file.
+const RUN_RESOLV: &str = "/run/nodedns/resolv.conf";
+
+fn with_forward_files(mut i: Inputs, files: &[(&str, Option<&str>)]) -> Inputs {
+    i.forward_files = files
+        .iter()
+        .map(|(path, text)| (PathBuf::from(path), text.map(str::to_owned)))
+        .collect();
+    i
+}
+
+#[test]
+fn forward_reads_the_file_the_corefile_names_whatever_resolv_conf_says() {
+    // CoreDNS reads any TO that is not an address as a resolv.conf: the file named, not
+    // nodedns's --resolv-conf.
+    let args = cli(&["-localip", LOCAL, "--resolv-conf", RUN_RESOLV]);
+    let text = format!(
+        "a.example {{\n    bind {LOCAL}\n    forward . /etc/resolv.conf\n}}\n\
+         b.example {{\n    bind {LOCAL}\n    forward . __PILLAR__UPSTREAM__SERVERS__ 10.0.0.9\n}}\n\
+         c.example {{\n    bind {LOCAL}\n    forward . resolv.local\n}}\n"
+    );
+    let i = with_forward_files(
+        inputs(&text),
+        &[
+            (
+                "/etc/resolv.conf",
+                Some("nameserver 10.0.0.7\nnameserver 10.0.0.8\n"),
+            ),
+            ("resolv.local", Some("nameserver 10.0.0.6\n")),
+        ],
+    );
+    let c = build(&args, &i).unwrap_or_else(|e| panic!("{e}"));
+    let addrs = |n: usize| {
+        c.servers[n]
+            .forward
+            .as_ref()
+            .unwrap()
+            .upstream
+            .addrs
+            .clone()
+    };
+    assert_eq!(addrs(0), [addr("10.0.0.7:53"), addr("10.0.0.8:53")]);
+    // The pillar is --resolv-conf, as before (its contents: `inputs`'s resolv_conf).
+    assert_eq!(addrs(1), [addr("10.0.0.2:53"), addr("10.0.0.9:53")]);
+    // A relative name is a file too, when there is one.
+    assert_eq!(addrs(2), [addr("10.0.0.6:53")]);
+}
+
+#[test]
+fn a_forward_file_that_is_missing_or_names_a_stub_is_an_error_at_its_line() {
+    let args = cli(&["-localip", LOCAL, "--resolv-conf", RUN_RESOLV]);
+    let text = block("    forward . /etc/resolv.conf");
+    let errs = errs_with(
+        &args,
+        &with_forward_files(inputs(&text), &[("/etc/resolv.conf", None)]),
+    );
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert_eq!(
+        errs[0],
+        "Corefile:3: forward: cannot use the nameservers of /etc/resolv.conf, see below"
+    );
+    assert!(
+        errs[1].starts_with("/etc/resolv.conf: does not exist"),
+        "{errs:#?}"
+    );
+    // Not read at all (a caller of `build` that did not look): the same as missing.
+    assert_eq!(errs_with(&args, &inputs(&text)), errs);
+    let stub = Some("nameserver 127.0.0.53\n");
+    let errs = errs_with(
+        &args,
+        &with_forward_files(inputs(&text), &[("/etc/resolv.conf", stub)]),
+    );
+    assert!(
+        errs[1].starts_with("/etc/resolv.conf: names 127.0.0.53"),
+        "{errs:#?}"
+    );
+    // A bare word with no such file is a bad address.
+    let errs = errs_with(&args, &inputs(&block("    forward . resolv.local")));
+    assert_errs(
+        &errs,
+        &[(
+            3,
+            "`resolv.local` is not an IP address with an optional port, nor a file",
+        )],
+    );
+}
+
+/// The messages of a load that must fail.
+fn errs_with(args: &ConfigArgs, inputs: &Inputs) -> Vec<String> {
+    build(args, inputs).map_err(messages).unwrap_err()
+}
+
+#[test]
+fn forward_paths_are_the_words_that_are_not_addresses() {
+    let args = cli(&["--resolv-conf", RUN_RESOLV]);
+    let text = format!(
+        "a.example {{\n    forward . 10.0.0.1 dns://10.0.0.2:53 [fd00::1]:53 /etc/resolv.conf\n}}\n\
+         b.example {{\n    forward . __PILLAR__UPSTREAM__SERVERS__ tls://10.0.0.3 {RUN_RESOLV}\n}}\n\
+         c.example {{\n    forward . dns://resolv.local /etc/resolv.conf\n    log\n}}\n"
+    );
+    assert_eq!(
+        forward_paths(
+            &args,
+            Path::new("Corefile"),
+            &text,
+            &HashMap::new(),
+            &Imports::default()
+        ),
+        [
+            PathBuf::from("/etc/resolv.conf"),
+            PathBuf::from("resolv.local")
+        ]
+    );
+    // A file that does not parse names nothing (its load says why).
+    assert!(
+        forward_paths(
+            &args,
+            Path::new("Corefile"),
+            "a {\n forward . /x\n",
+            &HashMap::new(),
+            &Imports::default()
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn load_reads_the_forward_file_from_disk() {
+    let tmp = TempDir::new("load-forward");
+    let conf = tmp.path().join("Corefile");
+    let named = tmp.path().join("named-resolv.conf");
+    let flag = tmp.path().join("flag-resolv.conf");
+    std::fs::write(&named, "nameserver 10.0.0.7\n").unwrap();
+    std::fs::write(&flag, "nameserver 10.0.0.2\n").unwrap();
+    std::fs::write(
+        &conf,
+        format!(
+            ".:53 {{\n    bind {LOCAL}\n    forward . {}\n}}\n",
+            named.display()
+        ),
+    )
+    .unwrap();
+    let args = cli(&[
+        "-localip",
+        LOCAL,
+        "-conf",
+        conf.to_str().unwrap(),
+        "--resolv-conf",
+        flag.to_str().unwrap(),
+    ]);
+    let c = load(&args).unwrap();
+    assert_eq!(
+        c.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        [addr("10.0.0.7:53")]
+    );
+    std::fs::remove_file(&named).unwrap();
+    let err = load(&args).unwrap_err().to_string();
+    assert!(err.contains("does not exist"), "{err}");
+}
+
 #[test]
 fn forward_errors_are_all_reported_with_their_lines() {
     let many = (1..=16)
@@ -689,12 +1129,12 @@ fn forward_errors_are_all_reported_with_their_lines() {
 }}
 a.example {{
     bind {LOCAL}
-    forward . tls://1.1.1.1 dns.google /etc/other.conf {{
+    forward . https://1.1.1.1 dns.google {{
         force_tcp
         prefer_udp
         policy fastest
-        tls cert.pem
-        health_check 1s no_rec
+        tls /nonexistent/ca.pem
+        health_check 1s no_rec fast
         max_fails -1
         max_concurrent lots
         expire -1s
@@ -712,19 +1152,17 @@ b.example {{
         &errs,
         &[
             (3, "forward: expected `forward FROM TO...`"),
-            (7, "tls:// upstreams are not implemented"),
-            (7, "`dns.google` is not an IP address"),
+            (7, "https:// upstreams are not implemented"),
             (
                 7,
-                "nodedns reads nameservers only from the --resolv-conf file (/etc/resolv.conf), not from `/etc/other.conf`",
+                "`dns.google` is not an IP address with an optional port, nor a file",
             ),
             (9, "prefer_udp contradicts force_tcp at line 8"),
             (
                 10,
                 "forward policy must be random, round_robin or sequential, not `fastest`",
             ),
-            (11, "forward tls: TLS upstreams are not implemented"),
-            (12, "the `no_rec` and `domain` options are not implemented"),
+            (12, "forward health_check: unknown option `fast`"),
             (13, "forward max_fails must be a whole number, not `-1`"),
             (
                 14,
@@ -733,7 +1171,323 @@ b.example {{
             (15, "forward expire: `-1s`: a duration cannot be negative"),
             (16, "unknown option `next` of `forward`"),
             (17, "forward except: `bad..name` has an empty label"),
+            (
+                11,
+                "forward tls: cannot read the CA file /nonexistent/ca.pem",
+            ),
             (22, "more than 15 upstreams (16)"),
+        ],
+    );
+}
+
+/// A CA certificate and a client certificate and key it signed, written into `dir`: (CA,
+/// client certificate, client key).
+fn tls_files(dir: &TempDir) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let client = rcgen::CertificateParams::new(vec!["node.example".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    (
+        write("ca.pem", ca.pem()),
+        write("client.pem", client.pem()),
+        write("client.key", key.serialize_pem()),
+    )
+}
+
+#[test]
+fn forward_tls_destinations_take_coredns_tls_options() {
+    use nodedns_upstream::tls::{Files, Settings};
+    let dir = TempDir::new("forward-tls");
+    let (ca, cert, key) = tls_files(&dir);
+    let (ca_s, cert_s, key_s) = (ca.display(), cert.display(), key.display());
+    let tls = |addrs: &[&str], name: Option<&str>, ca: Option<&PathBuf>, client: bool| {
+        let files = Files {
+            ca: ca.cloned(),
+            client: client.then(|| (cert.clone(), key.clone())),
+        };
+        let addrs = addrs.iter().map(|a| addr(a)).collect();
+        Some(Settings::load(addrs, name, &files).unwrap())
+    };
+
+    // `tls://` alone: port 853, the system's CAs, the address as the name; a plain
+    // destination beside it stays plain (CoreDNS allows both in one forward).
+    let f = forward_of("    forward . tls://10.0.0.1 10.0.0.2 tls://[fd00::1]:8853");
+    assert_eq!(
+        f.upstream.addrs,
+        [
+            addr("10.0.0.1:853"),
+            addr("10.0.0.2:53"),
+            addr("[fd00::1]:8853")
+        ]
+    );
+    assert_eq!(
+        f.upstream.tls,
+        tls(&["10.0.0.1:853", "[fd00::1]:8853"], None, None, false)
+    );
+
+    for (options, name, ca, client) in [
+        (
+            "tls_servername dns.example",
+            Some("dns.example"),
+            None,
+            false,
+        ),
+        ("tls", None, None, false),
+        (&format!("tls {ca_s}"), None, Some(&ca), false),
+        (&format!("tls {cert_s} {key_s}"), None, None, true),
+        (
+            &format!("tls {cert_s} {key_s} {ca_s}\n        tls_servername dns.example"),
+            Some("dns.example"),
+            Some(&ca),
+            true,
+        ),
+    ] {
+        let f = forward_of(&format!(
+            "    forward . tls://10.0.0.1 {{\n        {options}\n    }}"
+        ));
+        assert_eq!(
+            f.upstream.tls,
+            tls(&["10.0.0.1:853"], name, ca, client),
+            "{options}"
+        );
+    }
+
+    // The last `tls` line wins, as in CoreDNS.
+    let f = forward_of(&format!(
+        "    forward . tls://10.0.0.1 {{\n        tls /nonexistent/ca.pem\n        tls {ca_s}\n    }}"
+    ));
+    assert_eq!(
+        f.upstream.tls,
+        tls(&["10.0.0.1:853"], None, Some(&ca), false)
+    );
+}
+
+#[test]
+fn forward_tls_options_without_a_tls_destination_are_a_warning() {
+    let c = ok(&block(
+        "    forward . 10.0.0.1 {\n        tls_servername dns.example\n    }",
+    ));
+    let f = c.servers[0].forward.as_ref().unwrap();
+    assert_eq!(f.upstream.tls, None);
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(
+        c.warnings[0]
+            .starts_with("Corefile:4: forward: `tls` and `tls_servername` apply to tls://"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn forward_tls_errors_are_all_reported_with_their_lines() {
+    let dir = TempDir::new("forward-tls-errors");
+    let (ca, _, key) = tls_files(&dir);
+    let errs = errs(&format!(
+        ".:53 {{
+    bind {LOCAL}
+    forward . tls://10.0.0.1 tls://10.0.0.2%dns.example tls://dns.example 10.0.0.1:853 {{
+        tls a b c d
+        tls_servername
+    }}
+}}
+a.example {{
+    bind {LOCAL}
+    forward . tls://10.0.0.1 {{
+        tls {ca} {key}
+    }}
+}}
+b.example {{
+    bind {LOCAL}
+    forward . tls://10.0.0.1 {{
+        tls_servername bad..name
+        tls {key}
+    }}
+}}
+",
+        ca = ca.display(),
+        key = key.display(),
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (
+                3,
+                "a server name per upstream (`tls://10.0.0.2%dns.example`) is not implemented",
+            ),
+            (
+                3,
+                "`dns.example` is not an IP address with an optional port",
+            ),
+            (
+                4,
+                "tls: expected `tls [CA] | tls CERT KEY [CA]`, got 4 argument(s)",
+            ),
+            (
+                5,
+                "tls_servername: expected `tls_servername NAME`, got 0 argument(s)",
+            ),
+            (3, "10.0.0.1:853 is listed both as tls:// and as plain DNS"),
+            (
+                11,
+                "forward tls: the client certificate and key cannot be used",
+            ),
+            (
+                17,
+                "forward tls: tls_servername `bad..name` is neither a DNS name nor an IP address",
+            ),
+        ],
+    );
+    let errs = errs_of_key_as_ca(&key);
+    assert!(errs[0].contains("holds no certificate"), "{errs:?}");
+}
+
+/// A CA file with no certificate in it (a key).
+fn errs_of_key_as_ca(key: &Path) -> Vec<String> {
+    errs(&block(&format!(
+        "    forward . tls://10.0.0.1 {{\n        tls {}\n    }}",
+        key.display()
+    )))
+}
+
+#[test]
+fn forward_timing_defaults_are_coredns_s_but_the_deadline() {
+    let u = forward_of("    forward . 10.0.0.1").upstream;
+    assert_eq!(
+        u.read_timeout,
+        Duration::from_secs(2),
+        "CoreDNS's read_timeout"
+    );
+    assert_eq!(
+        u.expire,
+        Duration::from_secs(5),
+        "under CoreDNS's 10 s idle close"
+    );
+    assert_eq!(u.health_check, Duration::from_millis(500));
+    assert_eq!(u.max_fails, 2);
+    assert!(!u.failfast_all_unhealthy);
+    assert_eq!(
+        u.timeout,
+        Duration::from_millis(4500),
+        "inside a stub resolver's 5 s"
+    );
+}
+
+#[test]
+fn forward_read_timeout_bounds_each_exchange() {
+    let u = forward_of("    forward . 10.0.0.1 {\n        read_timeout 750ms\n    }").upstream;
+    assert_eq!(u.read_timeout, Duration::from_millis(750));
+    assert_eq!(
+        u.timeout,
+        Duration::from_millis(4500),
+        "the deadline is apart"
+    );
+}
+
+#[test]
+fn forward_timeout_is_the_deadline_of_a_whole_query() {
+    let u = forward_of("    forward . 10.0.0.1 {\n        timeout 3s\n    }").upstream;
+    assert_eq!(u.timeout, Duration::from_secs(3));
+    assert_eq!(u.read_timeout, Duration::from_secs(2));
+}
+
+#[test]
+fn forward_expire_closes_idle_connections() {
+    let u = forward_of("    forward . 10.0.0.1 {\n        expire 8s\n    }").upstream;
+    assert_eq!(u.expire, Duration::from_secs(8));
+}
+
+#[test]
+fn forward_max_fails_and_health_check_set_the_checker() {
+    let u = forward_of(
+        "    forward . 10.0.0.1 {\n        max_fails 4\n        health_check 250ms\n    }",
+    )
+    .upstream;
+    assert_eq!(
+        (u.max_fails, u.health_check),
+        (4, Duration::from_millis(250))
+    );
+    let u = forward_of("    forward . 10.0.0.1 {\n        max_fails 0\n    }").upstream;
+    assert_eq!(u.max_fails, 0, "never marked down (nor checked)");
+}
+
+#[test]
+fn forward_health_check_asks_its_domain_with_or_without_recursion() {
+    let u = forward_of("    forward . 10.0.0.1").upstream;
+    assert_eq!(u.probe, nodedns_upstream::Probe::default());
+    assert_eq!(
+        (u.probe.name.as_slice(), u.probe.recursion_desired),
+        (&[0u8][..], true)
+    );
+    let u = forward_of(
+        "    forward . 10.0.0.1 {\n        health_check 5s no_rec domain Example.COM\n    }",
+    )
+    .upstream;
+    assert_eq!(u.health_check, Duration::from_secs(5));
+    assert_eq!(u.probe.name, q("example.com"));
+    assert!(!u.probe.recursion_desired);
+    let u =
+        forward_of("    forward . 10.0.0.1 {\n        health_check 1s domain example.org.\n    }")
+            .upstream;
+    assert_eq!(u.probe.name, q("example.org"));
+    assert!(u.probe.recursion_desired);
+    let errs = errs(&block(
+        "    forward . 10.0.0.1 {\n        health_check 1s domain\n        health_check 1s domain a..b\n    }",
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (
+                4,
+                "forward health_check: expected `health_check DURATION [no_rec] [domain FQDN]`, `domain` without a name",
+            ),
+            (5, "forward health_check domain: `a..b` has an empty label"),
+        ],
+    );
+}
+
+#[test]
+fn forward_failfast_all_unhealthy_upstreams_is_a_flag() {
+    let u = forward_of(
+        "    forward . 10.0.0.1 10.0.0.2 {\n        failfast_all_unhealthy_upstreams\n    }",
+    )
+    .upstream;
+    assert!(u.failfast_all_unhealthy);
+}
+
+#[test]
+fn forward_timing_options_need_positive_durations_and_their_arguments() {
+    let errs = errs(&block(
+        "    forward . 10.0.0.1 {
+        read_timeout 0s
+        timeout -1s
+        expire 0
+        read_timeout soon
+        timeout
+        failfast_all_unhealthy_upstreams yes
+    }",
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (4, "forward read_timeout must be positive"),
+            (5, "forward timeout: `-1s`: a duration cannot be negative"),
+            (6, "forward expire must be positive"),
+            (7, "forward read_timeout: `soon` is not a duration"),
+            (8, "timeout: expected `timeout DURATION`, got 0 argument(s)"),
+            (
+                9,
+                "failfast_all_unhealthy_upstreams: expected `failfast_all_unhealthy_upstreams`, got 1 argument(s)",
+            ),
         ],
     );
 }
@@ -757,19 +1511,32 @@ fn health_ready_and_prometheus_take_addresses_with_coredns_defaults() {
 }
 
 #[test]
+fn prometheus_in_several_blocks_serves_every_address_and_the_last_reload_wins() {
+    let c = ok(&format!(
+        "a.example {{\n  bind {LOCAL}\n  prometheus :9253\n  health :8080\n}}\nb.example {{\n  bind {LOCAL}\n  prometheus :9254\n  health :8080\n  reload 10s\n}}\nc.example {{\n  bind {LOCAL}\n  prometheus :9253\n  reload 20s\n}}\nd.example {{\n  bind {LOCAL}\n  prometheus :9254\n  reload 20s\n}}\n"
+    ));
+    assert_eq!(c.metrics, Some(addr("0.0.0.0:9253")));
+    assert_eq!(c.extra_metrics, [addr("0.0.0.0:9254")]);
+    assert_eq!(c.reload, Some(Duration::from_secs(20)));
+    let replaced: Vec<&String> = c.warnings.iter().filter(|w| w.contains("reload")).collect();
+    assert_eq!(replaced.len(), 1, "{:#?}", c.warnings);
+    assert!(
+        replaced[0].starts_with("Corefile:15: reload: 20s replaces 10s given at line 10"),
+        "{replaced:?}"
+    );
+}
+
+#[test]
 fn process_wide_directives_must_agree_across_blocks() {
     let errs = errs(&format!(
-        "a.example {{\n  bind {LOCAL}\n  prometheus :9253\n  health :8080\n}}\nb.example {{\n  bind {LOCAL}\n  prometheus :9254\n  health :8080\n  reload 10s\n}}\nc.example {{\n  bind {LOCAL}\n  reload 20s\n}}\n"
+        "a.example {{\n  bind {LOCAL}\n  health :8080\n}}\nb.example {{\n  bind {LOCAL}\n  health :8081\n}}\n"
     ));
     assert_errs(
         &errs,
-        &[
-            (
-                8,
-                "prometheus: 0.0.0.0:9254 differs from 0.0.0.0:9253 given at line 3",
-            ),
-            (14, "reload: 20s differs from 10s given at line 10"),
-        ],
+        &[(
+            7,
+            "health: 0.0.0.0:8081 differs from 0.0.0.0:8080 given at line 3",
+        )],
     );
 }
 
@@ -786,7 +1553,6 @@ fn health_ready_prometheus_errors() {
             (5, "unknown option `drain` of `health`"),
             (7, "ready: `:x` is not HOST:PORT"),
             (8, "prometheus: expected `prometheus [ADDRESS]`, got 2"),
-            (10, "log class: only `class all` is implemented"),
             (11, "unknown option `format` of `log`"),
         ],
     );
@@ -795,19 +1561,62 @@ fn health_ready_prometheus_errors() {
 #[test]
 fn errors_and_log_switch_logging_on() {
     let c = ok(&block("    errors\n    log . {\n        class all\n    }"));
-    assert!(c.servers[0].errors && c.servers[0].log);
+    assert!(c.servers[0].errors && !c.servers[0].log.is_empty());
     let c = ok(&block("    cache"));
-    assert!(!c.servers[0].errors && !c.servers[0].log);
+    assert!(!c.servers[0].errors && c.servers[0].log.is_empty());
     let errs = errs(&block(
-        "    errors stdout {\n        consolidate 5m \".* timeout$\"\n    }\n    log example.com",
+        "    errors a b\n    log example.com {\n        class nodata\n    }",
     ));
     assert_errs(
         &errs,
         &[
-            (3, "errors: expected `errors`, got 1"),
-            (4, "option `consolidate` of `errors` is not implemented"),
-            (6, "log: applying it to only some names"),
+            (3, "errors: expected `errors [stdout]`, got 2"),
+            (5, "log class: `nodata` is not a class"),
         ],
+    );
+}
+
+#[test]
+fn log_lines_add_rules_in_file_order_with_their_formats_and_classes() {
+    let c = ok(&block(
+        "    log example.org {\n        class denial\n        class error\n    }\n    log . cluster.local \"{remote} {name} {rcode}\"\n    log . combined {\n        class all\n    }",
+    ));
+    let rules = &c.servers[0].log;
+    let scopes: Vec<&[u8]> = rules.iter().map(|r| r.scope.as_slice()).collect();
+    assert_eq!(
+        scopes,
+        [
+            &q("example.org")[..],
+            &[0],
+            &q("cluster.local"),
+            &[0],
+            &q("combined")
+        ]
+    );
+    let denial_error = LogClasses {
+        success: false,
+        denial: true,
+        error: true,
+    };
+    assert_eq!(rules[0].classes, denial_error);
+    assert_eq!(rules[0].format, None);
+    assert!(rules[1..].iter().all(|r| r.classes.all()));
+    assert_eq!(
+        rules[1].format.as_ref().map(|f| f.0.len()),
+        Some(5),
+        "{:?}",
+        rules[1].format
+    );
+    assert_eq!(rules[1].format, rules[2].format);
+    assert!(rules[3].format.is_none() && rules[4].format.is_none());
+    // A single argument with a brace is a name, as CoreDNS reads it; nodedns warns.
+    let c = ok(&block("    log {common}"));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("`{common}` is taken as a name")),
+        "{:?}",
+        c.warnings
     );
 }
 
@@ -849,20 +1658,34 @@ fn loop_is_accepted_and_takes_nothing() {
 #[test]
 fn unknown_and_repeated_directives_are_errors_with_their_lines() {
     let errs = errs(&block(
-        "    hosts {\n        10.0.0.1 a.example\n    }\n    import common\n    cache\n    rewrite name a b\n    cache 30",
+        "    file {\n        db.example\n    }\n    import-common\n    cache\n    sign db.example\n    cache 30",
     ));
     assert_errs(
         &errs,
         &[
-            (
-                3,
-                "unknown directive `hosts`: nodedns does not implement it",
-            ),
-            (6, "unknown directive `import`"),
-            (8, "unknown directive `rewrite`"),
+            (3, "unknown directive `file`: nodedns does not implement it"),
+            (6, "unknown directive `import-common`"),
+            (8, "unknown directive `sign`"),
             (9, "`cache` is already given at line 7"),
         ],
     );
+}
+
+#[test]
+fn rewrite_lines_are_accepted_and_form_one_rule_list() {
+    let config = ok(&block(
+        "    rewrite name a.example b.example\n    rewrite continue {\n        name exact c.example d.example\n        answer auto\n    }",
+    ));
+    let rewrite = config.servers[0].chain.rewrite.as_ref().expect("rules");
+    assert_eq!(
+        rewrite
+            .text
+            .lines()
+            .filter(|l| l.starts_with("rewrite"))
+            .count(),
+        2
+    );
+    assert_errs(&errs(&block("    rewrite name")), &[(3, "rewrite:")]);
 }
 
 #[test]
@@ -879,8 +1702,82 @@ fn environment_variables_are_substituted_from_the_input_map() {
         .unwrap();
     assert_eq!(f.upstream.addrs, [addr("10.1.2.3:5353")]);
     assert_eq!(f.upstream.max_fails, 7);
+    // Unset: replaced by nothing, as CoreDNS does, and said in a warning.
     let errs = errs(&block("    forward . {$NOT_SET}"));
-    assert_errs(&errs, &[(3, "environment variable NOT_SET")]);
+    assert_errs(&errs, &[(3, "forward: `` is not an IP address")]);
+    let c = ok(&block(
+        "    forward . 10.0.0.2\n    prometheus {$NOT_SET}:9253",
+    ));
+    assert_eq!(c.metrics, Some(addr("0.0.0.0:9253")));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("Corefile:4: environment variable NOT_SET")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn keys_on_different_ports_are_served_on_each_port() {
+    let c = ok(&format!(
+        "example.com example.io:1053 {{\n  bind {LOCAL}\n  forward . 10.0.0.53\n}}\n"
+    ));
+    assert_eq!(c.servers.len(), 2);
+    assert_eq!(c.servers[0].zones, ["example.com."]);
+    assert_eq!(c.servers[0].listen, [addr("169.254.20.10:53")]);
+    assert_eq!(c.servers[1].zones, ["example.io."]);
+    assert_eq!(c.servers[1].listen, [addr("169.254.20.10:1053")]);
+}
+
+#[test]
+fn a_key_glued_to_its_brace_is_a_zone_of_its_own_as_in_coredns() {
+    let c = ok(&format!(
+        "example.com example.io:1053{{\n  bind {LOCAL}\n  forward . 10.0.0.53\n}}\n.:53 {{\n  bind {LOCAL}\n  forward . 10.0.0.2\n}}\n"
+    ));
+    assert_eq!(c.servers[0].zones, ["example.com.", "example.io:1053{."]);
+    assert_eq!(c.servers[0].listen, [addr("169.254.20.10:53")]);
+    assert!(
+        c.warnings.iter().any(|w| w.contains("is one key")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn an_imported_snippet_and_file_load_and_their_problems_name_their_files() {
+    let mut i = inputs(
+        "(common) {\n  errors\n  cache 30\n}\n. {\n  import common\n  import custom/*.server\n  forward . 10.0.0.2\n}\nimport extra.server\n",
+    );
+    i.imports.files.insert(
+        PathBuf::from("/etc/extra.server"),
+        Found::Text(
+            "example.org {\n  errors\n  cache 30\n  cache 5\n  forward . 10.0.0.53\n}\n".to_owned(),
+        ),
+    );
+    let errs = build(&stock_args(), &i).map_err(messages).unwrap_err();
+    assert_eq!(
+        errs,
+        [
+            "/etc/extra.server:4: `cache` is already given at /etc/extra.server:3; it may appear once per block"
+        ]
+    );
+    i.imports.files.insert(
+        PathBuf::from("/etc/extra.server"),
+        Found::Text("example.org {\n  errors\n  cache 30\n  forward . 10.0.0.53\n}\n".to_owned()),
+    );
+    let c = build(&stock_args(), &i).unwrap();
+    assert_eq!(c.servers.len(), 2);
+    assert!(c.servers[0].errors);
+    assert_eq!(c.servers[0].cache.as_ref().unwrap().success.max, 30);
+    assert_eq!(c.servers[1].zones, ["example.org."]);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("Corefile:7: import `custom/*.server`: no file matches")),
+        "{:?}",
+        c.warnings
+    );
 }
 
 #[test]
@@ -907,29 +1804,61 @@ fn an_empty_corefile_is_an_error() {
 fn health_port_and_metrics_flags_beside_a_corefile() {
     let mut args = stock_args();
     args.health_port = Some(8081);
-    args.metrics_listen_address = Some(addr("0.0.0.0:9353"));
+    args.metrics_listen_address = Some(addr("0.0.0.0:9354"));
     let c = build(
         &args,
         &inputs(&block("    health :8080\n    prometheus :9253")),
     )
     .unwrap();
+    // Both served, as node-cache serves its flag's address beside the `prometheus` port.
     assert_eq!(c.metrics, Some(addr("0.0.0.0:9253")));
-    assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+    assert_eq!(c.node_cache_metrics, Some(addr("0.0.0.0:9354")));
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(
         c.warnings[0].contains("-health-port is 8081"),
-        "{:?}",
-        c.warnings
-    );
-    assert!(
-        c.warnings[1].contains("-metrics-listen-address 0.0.0.0:9353 is not opened"),
         "{:?}",
         c.warnings
     );
     // Without a `prometheus` directive the flag is the metrics address; --health overrides.
     args.health = Some(addr("127.0.0.1:9999"));
     let c = build(&args, &inputs(&block("    health :8080"))).unwrap();
-    assert_eq!(c.metrics, Some(addr("0.0.0.0:9353")));
+    assert_eq!(c.metrics, Some(addr("0.0.0.0:9354")));
+    assert_eq!(c.node_cache_metrics, Some(addr("0.0.0.0:9354")));
     assert_eq!(c.health, Some(addr("127.0.0.1:9999")));
+}
+
+#[test]
+fn node_caches_metrics_address_defaults_to_9353_with_a_corefile_only() {
+    let c = ok(&block("    prometheus :9253"));
+    assert_eq!(c.node_cache_metrics, Some(addr("0.0.0.0:9353")));
+    let cli_mode = build(&cli(&["--upstream", "10.0.0.1"]), &Inputs::default()).unwrap();
+    assert_eq!(cli_mode.node_cache_metrics, None);
+}
+
+#[test]
+fn the_rules_health_port_is_node_caches_health_port_not_the_corefiles() {
+    // kubespray's two DaemonSets: each Corefile's `health` on its own port, no -health-port.
+    // node-cache's rules then cover 8080 in both, so the two write the same rules.
+    let first = ok(&block("    health 169.254.20.10:9254"));
+    let second = ok(&block("    health 169.254.20.10:9256"));
+    assert_eq!(first.health, Some(addr("169.254.20.10:9254")));
+    assert_eq!(
+        (first.host_health_port, second.host_health_port),
+        (Some(8080), Some(8080))
+    );
+    // No `health` at all: node-cache's rules cover 8080 all the same.
+    assert_eq!(ok(&block("    cache 30")).host_health_port, Some(8080));
+    let mut args = stock_args();
+    args.health_port = Some(9254);
+    let c = build(&args, &inputs(&block("    health :9254"))).unwrap();
+    assert_eq!(c.host_health_port, Some(9254));
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // Without a Corefile: the port /health is served on, or none.
+    let cli_health = cli(&["--health", "127.0.0.1:9999", "--upstream", "10.0.0.9"]);
+    let c = build(&cli_health, &cli_inputs("")).unwrap();
+    assert_eq!(c.host_health_port, Some(9999));
+    let c = build(&cli(&["--upstream", "10.0.0.9"]), &cli_inputs("")).unwrap();
+    assert_eq!(c.host_health_port, None);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1206,10 +2135,43 @@ fn stub_domains_become_blocks_like_node_cache_appends() {
         (30, 30),
         "node-cache's `cache 30`"
     );
+    let noted: Vec<&Difference> = c
+        .differences
+        .iter()
+        .filter(|d| d.at == "/etc/kube-dns/stubDomains (acme.local.)")
+        .collect();
+    assert_eq!(noted.len(), 1, "{:#?}", c.differences);
+    assert!(
+        noted[0].what.contains("prefetch and serve_stale on"),
+        "{}",
+        noted[0].what
+    );
     let r = Router::new(&c.servers)
         .route(&q("db.acme.local."), addr("169.254.20.10:53"))
         .unwrap();
     assert_eq!((r.server, r.forward), (4, true));
+}
+
+/// The cascade prefetch's cluster domains are the Corefile's own zones: not `.`, not the
+/// reverse zones, not the kube-dns stub domains.
+#[test]
+fn the_cluster_domain_is_the_corefiles_zone_and_no_stub_domain() {
+    let i = with_kubedns(
+        inputs(&stock_corefile_after_install()),
+        Some(r#"{"acme.local": ["1.2.3.4"]}"#),
+        None,
+    );
+    let c = build(&stock_args(), &i).unwrap();
+    assert_eq!(c.cluster_domains, ["cluster.local."]);
+    assert!(c.cascade_prefetch, "on by default");
+    let mut args = stock_args();
+    args.cascade_prefetch = false;
+    assert!(!build(&args, &i).unwrap().cascade_prefetch);
+    for off in ["--cascade-prefetch=false", "-cascade-prefetch=false"] {
+        let c = build(&cli(&["--upstream", "10.0.0.1", off]), &cli_inputs("")).unwrap();
+        assert!(!c.cascade_prefetch, "{off}");
+        assert!(c.cluster_domains.is_empty(), "`.` alone names none");
+    }
 }
 
 #[test]
@@ -1390,4 +2352,80 @@ fn malformed_corefiles_are_errors_never_panics() {
         // Either outcome is fine; a panic fails the test.
         let _ = build(&stock_args(), &inputs(case));
     }
+}
+
+#[test]
+fn the_cluster_domain_is_the_first_zone_that_is_neither_the_root_nor_reverse() {
+    let config = load_str(
+        "in-addr.arpa:53 ip6.arpa:53 {\n    forward . 10.0.0.2\n}\n.:53 {\n    forward . 10.0.0.2\n}\nCluster.Local:53 {\n    forward . 10.0.0.2\n}\n",
+    )
+    .unwrap();
+    assert_eq!(config.cluster_domain(), Some("cluster.local."));
+    let root = load_str(".:53 {\n    forward . 10.0.0.2\n}\n").unwrap();
+    assert_eq!(root.cluster_domain(), None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accepted for compatibility: `debug`, `pprof`, `trace`, `errors`' options
+
+#[test]
+fn debug_pprof_and_trace_are_accepted_with_an_explanation() {
+    let c = ok(&block(
+        "    debug\n    pprof 127.0.0.1:6053 {\n        block 1\n    }\n    trace zipkin localhost:9411 {\n        every 100\n        client_server\n    }",
+    ));
+    let explained = |start: &str| c.warnings.iter().any(|w| w.starts_with(start));
+    assert!(explained("Corefile:3: debug: accepted"), "{:?}", c.warnings);
+    assert!(
+        explained("Corefile:4: pprof: accepted; nodedns serves nothing there"),
+        "{:?}",
+        c.warnings
+    );
+    assert!(explained("Corefile:7: trace: accepted"), "{:?}", c.warnings);
+    let errs = errs(&block(
+        "    debug on\n    pprof a b\n    trace jaeger x {\n        every\n        sample 1\n    }",
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (3, "debug: takes no arguments"),
+            (4, "pprof: expected `pprof [ADDRESS]`"),
+            (
+                5,
+                "trace: ENDPOINT-TYPE must be zipkin or datadog, not `jaeger`",
+            ),
+            (6, "trace every: wrong arguments"),
+            (7, "unknown option `sample` of `trace`"),
+        ],
+    );
+}
+
+#[test]
+fn errors_consolidate_stacktrace_and_stdout_are_accepted_with_an_explanation() {
+    let c = ok(&block(
+        "    errors stdout {\n        consolidate 5m \".* i/o timeout$\"\n        consolidate 30s \"^Failed\" warning\n        stacktrace\n    }",
+    ));
+    assert!(c.servers[0].errors);
+    let consolidate: Vec<&String> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("errors consolidate"))
+        .collect();
+    assert_eq!(consolidate.len(), 2, "{:?}", c.warnings);
+    assert!(consolidate[0].starts_with("Corefile:4: errors consolidate 5m"));
+    let errs = errs(&block(
+        "    errors file.log {\n        consolidate 5m\n        consolidate x y\n        consolidate 1m y loud\n        verbose\n    }",
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (3, "errors: invalid log file `file.log`"),
+            (
+                4,
+                "errors consolidate: expected `consolidate DURATION REGEXP [LEVEL]`",
+            ),
+            (5, "errors consolidate:"),
+            (6, "LEVEL must be warning, error, info or debug, not `loud`"),
+            (7, "unknown option `verbose` of `errors`"),
+        ],
+    );
 }

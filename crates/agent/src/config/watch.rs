@@ -31,6 +31,9 @@ enum Target {
 
 type Snapshot = BTreeMap<PathBuf, Option<Vec<u8>>>;
 
+/// What to compare, found again each round: the resolv.conf files the Corefile's `forward`
+/// names and the files its `import`s name change with the Corefile (a file a glob comes to match
+/// is a new target, so its appearance is a change).
 fn targets(args: &ConfigArgs) -> Vec<Target> {
     let mut out = Vec::new();
     if let Some(source) = super::corefile_source(args) {
@@ -40,6 +43,7 @@ fn targets(args: &ConfigArgs) -> Vec<Target> {
         out.push(Target::Dir(dir));
     }
     out.push(Target::File(args.resolv_conf.clone()));
+    out.extend(super::paths_on_disk(args).into_iter().map(Target::File));
     out
 }
 
@@ -70,18 +74,20 @@ fn read_dir(dir: &Path, snap: &mut Snapshot) {
     }
 }
 
-/// The watched paths and their contents at the last comparison.
+/// What is watched and the contents at the last comparison.
 struct Watcher {
-    targets: Vec<Target>,
+    args: ConfigArgs,
     last: Snapshot,
 }
 
 impl Watcher {
     /// Takes the first snapshot: changes from here on are reported.
     async fn new(args: &ConfigArgs) -> Watcher {
-        let targets = targets(args);
-        let last = read(targets.clone()).await;
-        Watcher { targets, last }
+        let last = read(args.clone()).await;
+        Watcher {
+            args: args.clone(),
+            last,
+        }
     }
 
     async fn run(mut self, tx: mpsc::Sender<()>) {
@@ -92,7 +98,7 @@ impl Watcher {
                 () = tx.closed() => return,
                 _ = tick.tick() => {}
             }
-            let now = read(self.targets.clone()).await;
+            let now = read(self.args.clone()).await;
             if now == self.last {
                 continue;
             }
@@ -107,8 +113,8 @@ impl Watcher {
 }
 
 /// Reads the targets off the async threads (plain blocking file reads).
-async fn read(targets: Vec<Target>) -> Snapshot {
-    tokio::task::spawn_blocking(move || snapshot(&targets))
+async fn read(args: ConfigArgs) -> Snapshot {
+    tokio::task::spawn_blocking(move || snapshot(&targets(&args)))
         .await
         .unwrap_or_default()
 }

@@ -20,9 +20,12 @@ use tokio::io::unix::AsyncFd;
 
 use super::Kind;
 
-/// Version of the protocol below. An instance refuses a hand-over from another version (and
-/// then fails its start-up, leaving the running instance serving).
-pub const VERSION: u32 = 1;
+/// Version of the protocol below. 2 adds `cache`. An instance speaks every version from
+/// [`OLDEST`] up: a new instance asks in its own version first, and if the running one closes
+/// the connection at that (a version-1 instance refuses any other), asks again in version 1.
+pub const VERSION: u32 = 2;
+/// The oldest version this instance still speaks.
+pub const OLDEST: u32 = 1;
 
 /// Longest message (the longest is a `socket` line with an IPv6 address).
 const MAX_MESSAGE: usize = 256;
@@ -33,12 +36,17 @@ const MAX_MESSAGE: usize = 256;
 /// new → running   hello <version> <pid>
 /// running → new   socket <udp|tcp|admin> <addr>   (one descriptor attached), repeated
 /// running → new   end
+/// running → new   cache            (version 2; one descriptor attached: a Unix stream socket)
+///                                  what follows the sockets: the running instance writes its
+///                                  cache into it, then closes it (the app's business, not this
+///                                  protocol's)
 /// new → running   serving          the new instance reads every socket now; the running one
 ///                                  stops reading and goes idle
 /// idle → its own predecessor   released   "another instance took over from me: never take the
 ///                                          sockets back because of me"
 /// idle → serving  bye              the idle instance exits; the serving one is the last
-/// serving → idle  take, socket…, end   the serving instance exits: serve these again
+/// serving → idle  take, socket…, end[, cache]   the serving instance exits: serve these again
+///                                                (`cache` if the idle one speaks version 2)
 /// idle → serving  taken            it does
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +54,7 @@ pub enum Message {
     Hello { version: u32, pid: u32 },
     Socket { kind: Kind, addr: SocketAddr },
     End,
+    Cache,
     Serving,
     Released,
     Bye,
@@ -59,6 +68,7 @@ impl Message {
             Message::Hello { version, pid } => format!("hello {version} {pid}"),
             Message::Socket { kind, addr } => format!("socket {} {addr}", kind.name()),
             Message::End => "end".to_owned(),
+            Message::Cache => "cache".to_owned(),
             Message::Serving => "serving".to_owned(),
             Message::Released => "released".to_owned(),
             Message::Bye => "bye".to_owned(),
@@ -79,6 +89,7 @@ impl Message {
                 addr: words.next()?.parse().ok()?,
             },
             "end" => Message::End,
+            "cache" => Message::Cache,
             "serving" => Message::Serving,
             "released" => Message::Released,
             "bye" => Message::Bye,
@@ -102,6 +113,17 @@ pub(super) fn seqpacket() -> io::Result<OwnedFd> {
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?)
+}
+
+/// A connected pair of Unix stream sockets, close-on-exec, blocking (each end is handed to
+/// tokio by whoever uses it): what `cache` attaches one end of.
+pub(super) fn stream_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
         None,
     )?)
 }
@@ -263,6 +285,7 @@ mod tests {
                 addr: "[fd00::10]:8080".parse().unwrap(),
             },
             Message::End,
+            Message::Cache,
             Message::Serving,
             Message::Released,
             Message::Bye,

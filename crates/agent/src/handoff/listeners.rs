@@ -2,14 +2,13 @@
 //! and a [`Generation`]: the workers and tasks serving them, which can be stopped (after a
 //! hand-over) and started again on the same sockets (after a take-back).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::Context;
 use socket2::{SockRef, Type};
 use tokio::sync::watch;
 
@@ -50,6 +49,38 @@ impl Kind {
             Kind::Udp => Type::DGRAM,
             Kind::Tcp | Kind::Admin => Type::STREAM,
         }
+    }
+}
+
+/// Why the listening sockets could not be opened or served.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// Binding an address (a bind refused by another socket's owner says why:
+    /// [`crate::serve::sibling::in_use`]).
+    #[error("bind {kind} {addr}")]
+    Bind {
+        kind: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// A step of starting to serve a bound socket: duplicating its descriptor, registering it
+    /// with the runtime, spawning its worker.
+    #[error("{step}")]
+    Serve {
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ListenError {
+    fn bind(kind: &'static str, addr: SocketAddr) -> impl FnOnce(io::Error) -> ListenError {
+        move |source| ListenError::Bind { kind, addr, source }
+    }
+
+    fn serve(step: &'static str) -> impl FnOnce(io::Error) -> ListenError {
+        move |source| ListenError::Serve { step, source }
     }
 }
 
@@ -95,6 +126,9 @@ impl Socket {
 #[derive(Debug, Default)]
 pub struct Listeners {
     sockets: Vec<Socket>,
+    /// What each admin address serves (this instance's configuration decides, whoever bound
+    /// the socket).
+    admin: BTreeMap<SocketAddr, admin::Roles>,
 }
 
 /// How [`Listeners::open`] came by its sockets (for the log).
@@ -109,22 +143,22 @@ pub struct Opened {
 }
 
 impl Listeners {
-    /// The sockets for `dns` and `admin` addresses: those `inherited` from another instance
+    /// The sockets for `dns` and `admin` addresses (each with what it serves): those `inherited` from another instance
     /// where it had them (every UDP socket it had for an address, whatever `threads` says: the
     /// queries queued on each must be read), the rest bound here (`threads` UDP sockets per
     /// address). Binding everything before serving anything, so a bad address fails start-up
     /// whole.
     pub fn open(
         dns: &BTreeSet<SocketAddr>,
-        admin: &BTreeSet<SocketAddr>,
+        admin: &BTreeMap<SocketAddr, admin::Roles>,
         threads: usize,
         inherited: Vec<Socket>,
-    ) -> anyhow::Result<(Listeners, Opened)> {
+    ) -> Result<(Listeners, Opened), ListenError> {
         let mut opened = Opened::default();
         let mut sockets = Vec::new();
         let wanted = |s: &Socket| match s.kind {
             Kind::Udp | Kind::Tcp => dns.contains(&s.addr),
-            Kind::Admin => admin.contains(&s.addr),
+            Kind::Admin => admin.contains_key(&s.addr),
         };
         for socket in inherited {
             if wanted(&socket) {
@@ -141,7 +175,7 @@ impl Listeners {
         for &addr in dns {
             if !has(&sockets, Kind::Udp, addr) {
                 for _ in 0..threads.max(1) {
-                    let socket = udp::bind(addr).with_context(|| format!("bind UDP {addr}"))?;
+                    let socket = udp::bind(addr).map_err(ListenError::bind("UDP", addr))?;
                     bound.push(Socket {
                         kind: Kind::Udp,
                         addr,
@@ -150,27 +184,34 @@ impl Listeners {
                 }
             }
             if !has(&sockets, Kind::Tcp, addr) {
-                let listener = tcp::bind(addr).with_context(|| format!("bind TCP {addr}"))?;
+                let listener = tcp::bind(addr).map_err(ListenError::bind("TCP", addr))?;
                 bound.push(Socket {
                     kind: Kind::Tcp,
                     addr,
-                    fd: listener.into_std().context("TCP listener")?.into(),
+                    fd: listener
+                        .into_std()
+                        .map_err(ListenError::serve("TCP listener"))?
+                        .into(),
                 });
             }
         }
-        for &addr in admin {
+        for &addr in admin.keys() {
             if !has(&sockets, Kind::Admin, addr) {
-                let listener = admin::bind(addr).with_context(|| format!("bind admin {addr}"))?;
+                let listener = admin::bind(addr).map_err(ListenError::bind("admin", addr))?;
                 bound.push(Socket {
                     kind: Kind::Admin,
                     addr,
-                    fd: listener.into_std().context("admin listener")?.into(),
+                    fd: listener
+                        .into_std()
+                        .map_err(ListenError::serve("admin listener"))?
+                        .into(),
                 });
             }
         }
         opened.bound = bound.len();
         sockets.extend(bound);
-        Ok((Listeners { sockets }, opened))
+        let admin = admin.clone();
+        Ok((Listeners { sockets, admin }, opened))
     }
 
     pub fn sockets(&self) -> &[Socket] {
@@ -179,7 +220,7 @@ impl Listeners {
 
     /// The same sockets under new descriptors (`dup`): kept while another instance serves them,
     /// so that they can be served again if it goes away.
-    pub fn try_clone(&self) -> io::Result<Listeners> {
+    pub fn try_clone(&self) -> Result<Listeners, ListenError> {
         let sockets = self
             .sockets
             .iter()
@@ -190,8 +231,12 @@ impl Listeners {
                     fd: s.fd.try_clone()?,
                 })
             })
-            .collect::<io::Result<_>>()?;
-        Ok(Listeners { sockets })
+            .collect::<io::Result<_>>()
+            .map_err(ListenError::serve("duplicate the listening sockets"))?;
+        Ok(Listeners {
+            sockets,
+            admin: self.admin.clone(),
+        })
     }
 
     /// Hands the sockets out, for serving them again after a take-back.
@@ -220,7 +265,7 @@ impl Generation {
         admin_source: &Arc<S>,
         limits: tcp::Limits,
         connections: &Arc<tcp::Connections>,
-    ) -> anyhow::Result<Generation> {
+    ) -> Result<Generation, ListenError> {
         let runtime = tokio::runtime::Handle::current();
         let (stop, stopped) = watch::channel(false);
         let udp_stop = Arc::new(AtomicBool::new(false));
@@ -235,7 +280,7 @@ impl Generation {
             let fd = socket
                 .fd
                 .try_clone()
-                .context("duplicate a listening socket")?;
+                .map_err(ListenError::serve("duplicate a listening socket"))?;
             let addr = socket.addr;
             match socket.kind {
                 Kind::Udp => {
@@ -245,13 +290,13 @@ impl Generation {
                     let thread = std::thread::Builder::new()
                         .name(format!("udp-{workers}"))
                         .spawn(move || udp::run(shared, socket, addr, runtime, stop))
-                        .context("spawn UDP worker")?;
+                        .map_err(ListenError::serve("spawn UDP worker"))?;
                     workers += 1;
                     generation.udp_threads.push(thread);
                 }
                 Kind::Tcp => {
                     let listener = tokio::net::TcpListener::from_std(fd.into())
-                        .context("register TCP listener")?;
+                        .map_err(ListenError::serve("register TCP listener"))?;
                     generation.tasks.push(tokio::spawn(tcp::run(
                         shared.clone(),
                         listener,
@@ -263,9 +308,11 @@ impl Generation {
                 }
                 Kind::Admin => {
                     let listener = tokio::net::TcpListener::from_std(fd.into())
-                        .context("register admin listener")?;
+                        .map_err(ListenError::serve("register admin listener"))?;
+                    let roles = listeners.admin.get(&addr).copied().unwrap_or_default();
                     generation.tasks.push(tokio::spawn(admin::serve(
                         listener,
+                        roles,
                         admin_source.clone(),
                         stopped.clone(),
                     )));
@@ -303,8 +350,13 @@ mod tests {
     #[tokio::test]
     async fn open_binds_threads_udp_sockets_a_tcp_and_an_admin_listener() {
         let (dns, admin) = (loopback(), loopback());
-        let (listeners, opened) =
-            Listeners::open(&[dns].into(), &[admin].into(), 3, Vec::new()).unwrap();
+        let (listeners, opened) = Listeners::open(
+            &[dns].into(),
+            &[(admin, admin::Roles::default())].into(),
+            3,
+            Vec::new(),
+        )
+        .unwrap();
         assert_eq!(
             opened,
             Opened {
@@ -334,10 +386,10 @@ mod tests {
     async fn inherited_sockets_are_served_as_they_are_and_unwanted_ones_are_dropped() {
         let (dns, gone) = (loopback(), loopback());
         let (old, _) =
-            Listeners::open(&[dns, gone].into(), &BTreeSet::new(), 2, Vec::new()).unwrap();
+            Listeners::open(&[dns, gone].into(), &BTreeMap::new(), 2, Vec::new()).unwrap();
         let inherited = old.try_clone().unwrap().into_sockets();
         // The new instance wants more workers, and no longer serves `gone`.
-        let (new, opened) = Listeners::open(&[dns].into(), &BTreeSet::new(), 8, inherited).unwrap();
+        let (new, opened) = Listeners::open(&[dns].into(), &BTreeMap::new(), 8, inherited).unwrap();
         assert_eq!(
             opened,
             Opened {

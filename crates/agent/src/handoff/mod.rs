@@ -25,33 +25,61 @@
 //!    - if the serving instance dies (the connection ends without `take`), the idle one serves
 //!      the sockets it kept again ([`Event::SuccessorLost`]).
 //!
+//! Who may take part ([`peer`]): the directory must belong to the agent's user and be writable by
+//! it alone (else start-up fails, naming it); the socket file is created 0600 whatever the umask;
+//! each end checks the other's credentials as the kernel gives them (`SO_PEERCRED`): the same
+//! uid, and where the other process is visible, an executable of this one's name. Nothing the
+//! peer says about itself is trusted.
+//!
+//! Every step has a deadline ([`HELLO`], [`STEP`], [`LOCK_WAIT`]): a peer that says nothing
+//! costs a slot among [`MAX_GREETING`], never a wait; a shutdown waits at most for one hand-over
+//! in progress, one to an instance waiting then, and one hand-back (docs/reliability.md).
+//!
+//! What follows the sockets (protocol version 2): a `cache` message with one end of a Unix
+//! stream socket, into which the instance handing over writes its cache while the other reads
+//! it ([`Handoff::take_cache`]; the app fills and empties it, this module only carries it, as
+//! it must know nothing of caches). A version-1 peer is spoken to in version 1, without it.
+//!
 //! Limits (docs/reliability.md): what the crashed instance had read but not answered is lost;
 //! a query on a TCP connection the old instance had accepted is answered by it, and the
-//! connection closes when the old instance exits; the cache starts empty in the new instance.
+//! connection closes when the old instance exits.
 
 mod link;
 mod listeners;
+mod peer;
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use link::{Link, Message, VERSION};
-pub use listeners::{Generation, Kind, Listeners, Socket};
+pub use link::{Link, Message, OLDEST, VERSION};
+pub use listeners::{Generation, Kind, ListenError, Listeners, Socket};
+pub use peer::Peer;
 use rustix::fs::FlockOperation;
 use rustix::net::SocketAddrUnix;
 use tokio::io::unix::AsyncFd;
+use tokio::task::JoinSet;
 
 /// The socket file in the hand-over directory.
 pub const SOCKET_FILE: &str = "nodedns.sock";
 /// The lock file in the hand-over directory.
 pub const LOCK_FILE: &str = "nodedns.lock";
 
-/// How long one step of a hand-over may take (receiving the sockets, the answer to `take`).
-/// Generous: both sides are local processes answering from their control task.
-const STEP: Duration = Duration::from_secs(10);
+/// How long a new instance may take to say `hello` once connected. It says it right after
+/// connecting.
+pub const HELLO: Duration = Duration::from_secs(1);
+/// How long any other step of a hand-over may take (receiving the sockets, the answer to
+/// `serving` or `take`, a message sent). Both sides are local processes answering from their
+/// control task within milliseconds; the bound keeps a hung peer from holding a shutdown.
+pub const STEP: Duration = Duration::from_secs(5);
+/// How long to wait for the directory's lock (held by an instance starting or taking back, for
+/// a few of its steps at most).
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// Connections waiting for their `hello` at once; more are closed at once.
+pub const MAX_GREETING: usize = 4;
 
 /// Why a hand-over could not be done.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +90,20 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "hand-over directory {path} has mode {mode:04o} and owner uid {owner}: it must belong to \
+         uid {uid} (the user nodedns runs as) and be writable by it alone, or another user could \
+         put a socket there and be handed every listening socket (chown {uid} and chmod go-w it, \
+         or name another directory)"
+    )]
+    Unsafe {
+        path: PathBuf,
+        mode: u32,
+        owner: u32,
+        uid: u32,
+    },
+    #[error("hand-over socket {path}: refusing the process listening there: {why}")]
+    Peer { path: PathBuf, why: String },
     #[error("hand-over from the running instance failed: {0}")]
     Receive(#[source] io::Error),
     #[error("hand-over to a new instance failed: {0}")]
@@ -72,7 +114,7 @@ pub enum Error {
 #[derive(Debug)]
 pub enum Event {
     /// A new instance connected and asks for the sockets: [`Handoff::hand_over`].
-    Successor(Link),
+    Successor(Successor),
     /// The instance this one handed to exits and hands the sockets back: receive them with
     /// [`Handoff::take_back`], serve them, then [`Handoff::resumed`].
     TakeBack,
@@ -85,6 +127,20 @@ pub enum Event {
     PredecessorGone,
 }
 
+/// A new instance that connected: its credentials checked, its `hello` received (`greeted`, in
+/// protocol `version`) or still to come.
+#[derive(Debug)]
+pub struct Successor {
+    link: Link,
+    peer: Peer,
+    greeted: bool,
+    version: u32,
+}
+
+/// Where the instance handing the sockets over writes what follows them (the cache): given the
+/// local end of the stream once the peer holds the other.
+pub type Follow<'a> = &'a (dyn Fn(OwnedFd) + Sync);
+
 /// The hand-over state of this instance.
 #[derive(Debug, Default)]
 pub struct Handoff {
@@ -95,8 +151,16 @@ pub struct Handoff {
     listener: Option<Listener>,
     /// The idle instance this one took the sockets from.
     predecessor: Option<Link>,
+    /// The protocol version spoken with the predecessor.
+    predecessor_version: u32,
     /// The instance this one handed the sockets to (only while idle).
     successor: Option<Link>,
+    /// The protocol version spoken with the successor.
+    successor_version: u32,
+    /// What followed the sockets this instance last received: the stream its cache comes in.
+    cache: Option<OwnedFd>,
+    /// New instances connected, each waiting (at most [`HELLO`]) for its `hello`.
+    greeting: JoinSet<io::Result<Successor>>,
 }
 
 #[derive(Debug)]
@@ -120,7 +184,12 @@ impl Handoff {
             path: dir.to_path_buf(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(dir_error)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(dir_error)?;
+        check_dir(dir)?;
         let lock = lock(&dir.join(LOCK_FILE)).await.map_err(dir_error)?;
         let mut handoff = Handoff {
             dir: Some(dir.to_path_buf()),
@@ -128,36 +197,57 @@ impl Handoff {
             ..Handoff::default()
         };
         let path = dir.join(SOCKET_FILE);
-        let link = match Link::connect(&path) {
-            Ok(link) => link,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+        for version in [VERSION, OLDEST] {
+            let Some(link) = connect(&path).map_err(dir_error)? else {
                 return Ok((handoff, Vec::new()));
+            };
+            // Whoever listens there gets this instance's `take` (and every socket) at its exit.
+            if let Err(why) = Peer::of(&link).and_then(|peer| peer.check()) {
+                return Err(Error::Peer { path, why });
             }
-            Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
-                // Nobody listens: the instance that bound it died without removing it.
-                tracing::info!(path = %path.display(), "removing a stale hand-over socket");
-                let _ = std::fs::remove_file(&path);
-                return Ok((handoff, Vec::new()));
+            let hello = Message::Hello {
+                version,
+                pid: std::process::id(),
+            };
+            let received = tokio::time::timeout(STEP, async {
+                link.send(&hello, None).await?;
+                let sockets = receive_sockets(&link).await?;
+                let cache = if version >= 2 {
+                    receive_cache(&link).await?
+                } else {
+                    None
+                };
+                Ok::<_, io::Error>((sockets, cache))
+            })
+            .await
+            .unwrap_or_else(|_| Err(timed_out("the running instance's sockets", STEP)));
+            match received {
+                Ok((sockets, cache)) => {
+                    handoff.predecessor = Some(link);
+                    handoff.predecessor_version = version;
+                    handoff.cache = cache;
+                    return Ok((handoff, sockets));
+                }
+                // Closed at our hello: an instance that speaks only an older version.
+                Err(err) if err.kind() == io::ErrorKind::ConnectionAborted && version > OLDEST => {
+                    tracing::info!(
+                        "the running instance does not speak hand-over version {version}; \
+                         asking in version {OLDEST} (no cache follows the sockets)"
+                    );
+                }
+                Err(source) => return Err(Error::Receive(source)),
             }
-            Err(err) => return Err(dir_error(err)),
-        };
-        let hello = Message::Hello {
-            version: VERSION,
-            pid: std::process::id(),
-        };
-        let received = tokio::time::timeout(STEP, async {
-            link.send(&hello, None).await?;
-            receive_sockets(&link).await
-        })
-        .await
-        .unwrap_or_else(|_| Err(timed_out("the running instance's sockets")));
-        match received {
-            Ok(sockets) => {
-                handoff.predecessor = Some(link);
-                Ok((handoff, sockets))
-            }
-            Err(source) => Err(Error::Receive(source)),
         }
+        Err(Error::Receive(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the running instance closed the connection at every version",
+        )))
+    }
+
+    /// The stream the instance that handed the sockets over writes its cache into, once: after
+    /// [`Handoff::start`] and after a take-back. `None` from a version-1 instance.
+    pub fn take_cache(&mut self) -> Option<OwnedFd> {
+        self.cache.take()
     }
 
     /// Start-up (or take-back) is done and every socket is being served: tells the instance
@@ -168,7 +258,7 @@ impl Handoff {
         };
         if let Some(predecessor) = &self.predecessor {
             // If it is gone already, so much the better: nobody else reads the sockets.
-            let _ = predecessor.send(&Message::Serving, None).await;
+            let _ = tokio::time::timeout(STEP, predecessor.send(&Message::Serving, None)).await;
         }
         let path = dir.join(SOCKET_FILE);
         let listener = listen(&path).map_err(|source| Error::Dir { path, source })?;
@@ -183,16 +273,22 @@ impl Handoff {
             listener,
             predecessor,
             successor,
+            greeting,
             ..
         } = self;
         loop {
             tokio::select! {
                 accepted = accept(listener.as_ref()) => match accepted {
-                    Ok(link) => return Event::Successor(link),
+                    Ok(link) => greet(greeting, link),
                     Err(err) => {
                         tracing::warn!(%err, "hand-over accept failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
+                },
+                greeted = greeting.join_next(), if !greeting.is_empty() => match greeted {
+                    Some(Ok(Ok(successor))) => return Event::Successor(successor),
+                    Some(Ok(Err(err))) => tracing::warn!(%err, "ignoring a hand-over connection"),
+                    Some(Err(_)) | None => {}
                 },
                 message = recv(successor.as_ref()) => match message {
                     Ok(Some((Message::Take, _))) => return Event::TakeBack,
@@ -221,55 +317,85 @@ impl Handoff {
         }
     }
 
-    /// A new instance that connected and was not yet accepted (shutdown looks once, so that a
-    /// new instance arriving then still gets the sockets).
-    pub fn try_accept(&mut self) -> Option<Link> {
+    /// A new instance that connected and was not yet handed the sockets (shutdown looks once,
+    /// so that a new instance arriving then still gets the sockets): one that said `hello`
+    /// already, else one waiting in the listen queue. Never waits.
+    pub fn try_accept(&mut self) -> Option<Successor> {
+        while let Some(done) = self.greeting.try_join_next() {
+            if let Ok(Ok(successor)) = done {
+                return Some(successor);
+            }
+        }
         let listener = self.listener.as_ref()?;
         let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
-        let fd = rustix::net::accept_with(listener.fd.get_ref(), flags).ok()?;
-        Link::new(fd).ok()
+        loop {
+            let fd = rustix::net::accept_with(listener.fd.get_ref(), flags).ok()?;
+            let link = Link::new(fd).ok()?;
+            match Peer::of(&link).and_then(|peer| peer.check().map(|()| peer)) {
+                Ok(peer) => {
+                    return Some(Successor {
+                        link,
+                        peer,
+                        greeted: false,
+                        version: OLDEST,
+                    });
+                }
+                Err(why) => tracing::warn!("refusing a hand-over connection: {why}"),
+            }
+        }
     }
 
-    /// Hands `listeners` to the new instance on `link`; returns its pid once it serves them.
-    /// Then this instance must stop reading (and its host reconcile loop) and idle.
-    pub async fn hand_over(&mut self, link: Link, listeners: &Listeners) -> Result<u32, Error> {
+    /// Hands `listeners` to the new instance `successor`; returns its pid (as the kernel gives
+    /// it: 0 for a process in another PID namespace) once it serves them. Then this instance
+    /// must stop reading (and its host reconcile loop) and idle.
+    ///
+    /// A successor that speaks version 2 gets a `cache` stream after the sockets; `follow` gets
+    /// this end of it before the wait for `serving`, so that the cache flows while the new
+    /// instance waits for it.
+    pub async fn hand_over(
+        &mut self,
+        successor: Successor,
+        listeners: &Listeners,
+        follow: Follow<'_>,
+    ) -> Result<u32, Error> {
+        let Successor {
+            link,
+            peer,
+            greeted,
+            mut version,
+        } = successor;
+        if !greeted {
+            version = tokio::time::timeout(HELLO, hello(&link))
+                .await
+                .unwrap_or_else(|_| Err(timed_out("the new instance's hello", HELLO)))
+                .map_err(Error::Send)?;
+        }
         let exchange = async {
-            let pid = match link.recv().await? {
-                Some((Message::Hello { version, pid }, _)) if version == VERSION => pid,
-                Some((Message::Hello { version, .. }, _)) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("protocol version {version}, this instance speaks {VERSION}"),
-                    ));
-                }
-                other => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("expected hello, got {other:?}"),
-                    ));
-                }
-            };
             send_sockets(&link, listeners).await?;
+            if version >= 2 {
+                send_cache(&link, follow).await?;
+            }
             match link.recv().await? {
-                Some((Message::Serving, _)) => Ok(pid),
+                Some((Message::Serving, _)) => Ok(()),
                 other => Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("expected serving, got {other:?}"),
                 )),
             }
         };
-        let pid = tokio::time::timeout(STEP, exchange)
+        tokio::time::timeout(STEP, exchange)
             .await
-            .unwrap_or_else(|_| Err(timed_out("the new instance")))
+            .unwrap_or_else(|_| Err(timed_out("the new instance", STEP)))
             .map_err(Error::Send)?;
+        self.successor_version = version;
         // The new instance listens on the socket file now; ours is unlinked.
         self.listener = None;
         // Whoever this instance took over from must never take the sockets back because of it.
         if let Some(predecessor) = self.predecessor.take() {
-            let _ = predecessor.send(&Message::Released, None).await;
+            let _ = tokio::time::timeout(STEP, predecessor.send(&Message::Released, None)).await;
         }
         self.successor = Some(link);
-        Ok(pid)
+        Ok(peer.pid.unwrap_or(0))
     }
 
     /// After [`Event::TakeBack`]: the sockets the exiting instance hands back.
@@ -277,8 +403,21 @@ impl Handoff {
         let Some(successor) = &self.successor else {
             return Vec::new();
         };
-        match tokio::time::timeout(STEP, receive_sockets(successor)).await {
-            Ok(Ok(sockets)) => sockets,
+        let version = self.successor_version;
+        let exchange = async {
+            let sockets = receive_sockets(successor).await?;
+            let cache = if version >= 2 {
+                receive_cache(successor).await?
+            } else {
+                None
+            };
+            Ok::<_, io::Error>((sockets, cache))
+        };
+        match tokio::time::timeout(STEP, exchange).await {
+            Ok(Ok((sockets, cache))) => {
+                self.cache = cache;
+                sockets
+            }
             Ok(Err(err)) => {
                 tracing::warn!(%err, "take-back: serving the sockets kept instead");
                 Vec::new()
@@ -296,13 +435,13 @@ impl Handoff {
         let Some(dir) = self.dir.clone() else {
             return Ok(());
         };
-        let lock_path = dir.join(LOCK_FILE);
-        let guard = lock(&lock_path).await.map_err(|source| Error::Dir {
-            path: lock_path,
-            source,
-        })?;
+        // This instance serves the sockets already: a lock it cannot get must not stop it.
+        let guard = lock(&dir.join(LOCK_FILE))
+            .await
+            .inspect_err(|err| tracing::warn!(%err, "taking the sockets back without the lock"))
+            .ok();
         if let Some(successor) = self.successor.take() {
-            let _ = successor.send(&Message::Taken, None).await;
+            let _ = tokio::time::timeout(STEP, successor.send(&Message::Taken, None)).await;
         }
         let path = dir.join(SOCKET_FILE);
         let listener = listen(&path).map_err(|source| Error::Dir { path, source })?;
@@ -314,7 +453,7 @@ impl Handoff {
     /// Shutdown of an idle instance: tells the serving one that it is the last.
     pub async fn bye(&mut self) {
         if let Some(successor) = self.successor.take() {
-            let _ = successor.send(&Message::Bye, None).await;
+            let _ = tokio::time::timeout(STEP, successor.send(&Message::Bye, None)).await;
             successor.shutdown();
         }
     }
@@ -322,13 +461,19 @@ impl Handoff {
     /// Shutdown of the serving instance: if the instance it took over from is still there (idle),
     /// hands `listeners` back. True if that instance serves them now: then this one must exit
     /// without touching the host. False if this instance is the last.
-    pub async fn give_back(&mut self, listeners: &Listeners) -> bool {
+    /// As in [`Handoff::hand_over`], a version-2 instance gets a `cache` stream after the
+    /// sockets, `follow` this end of it.
+    pub async fn give_back(&mut self, listeners: &Listeners, follow: Follow<'_>) -> bool {
         let Some(predecessor) = self.predecessor.take() else {
             return false;
         };
+        let version = self.predecessor_version;
         let exchange = async {
             predecessor.send(&Message::Take, None).await?;
             send_sockets(&predecessor, listeners).await?;
+            if version >= 2 {
+                send_cache(&predecessor, follow).await?;
+            }
             loop {
                 match predecessor.recv().await? {
                     Some((Message::Taken, _)) => return Ok::<_, io::Error>(true),
@@ -370,30 +515,68 @@ impl Handoff {
     }
 }
 
-fn timed_out(what: &str) -> io::Error {
+fn timed_out(what: &str, limit: Duration) -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
-        format!("no answer from {what} within {STEP:?}"),
+        format!("no answer from {what} within {limit:?}"),
     )
 }
 
-/// Takes the directory's lock (waiting for another instance's start-up to finish).
+/// Refuses a directory another user could write to (or that belongs to another user): whoever
+/// can put `nodedns.sock` there is handed every listening socket.
+fn check_dir(dir: &Path) -> Result<(), Error> {
+    let meta = std::fs::metadata(dir).map_err(|source| Error::Dir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let uid = nix::unistd::geteuid().as_raw();
+    let mode = meta.mode() & 0o7777;
+    if !meta.is_dir() || meta.uid() != uid || mode & 0o022 != 0 {
+        return Err(Error::Unsafe {
+            path: dir.to_path_buf(),
+            mode,
+            owner: meta.uid(),
+            uid,
+        });
+    }
+    Ok(())
+}
+
+/// Takes the directory's lock, waiting for another instance's start-up or take-back to finish,
+/// at most [`LOCK_WAIT`].
 async fn lock(path: &Path) -> io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(path)?;
-    tokio::task::spawn_blocking(move || {
-        rustix::fs::flock(&file, FlockOperation::LockExclusive)?;
-        Ok(file)
-    })
-    .await
-    .map_err(io::Error::other)?
+    // A lock file another user can open could be locked by that user forever.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::WOULDBLOCK) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{} is held by another instance for more than {LOCK_WAIT:?}",
+                        path.display()
+                    ),
+                ));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
 }
 
 /// Binds and listens on `path`, replacing whatever file is there (a stale one, or the
-/// previous serving instance's, which stopped listening for new instances).
+/// previous serving instance's, which stopped listening for new instances). The file is 0600:
+/// only this user (and root) can connect.
 fn listen(path: &Path) -> io::Result<Listener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
@@ -401,7 +584,12 @@ fn listen(path: &Path) -> io::Result<Listener> {
         Err(err) => return Err(err),
     }
     let fd = link::seqpacket()?;
+    // On Linux the file `bind` creates takes the socket's mode less the umask: never more than
+    // 0600, from the start.
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))?;
     rustix::net::bind(&fd, &SocketAddrUnix::new(path)?)?;
+    // Exactly 0600, whatever the umask took away.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     rustix::net::listen(&fd, 8)?;
     let inode = std::fs::metadata(path)?.ino();
     Ok(Listener {
@@ -427,6 +615,96 @@ async fn accept(listener: Option<&Listener>) -> io::Result<Link> {
     Link::new(fd)
 }
 
+/// A new instance connected: if the kernel's credentials are right, waits (beside everything
+/// else, at most [`HELLO`]) for its `hello`.
+fn greet(greeting: &mut JoinSet<io::Result<Successor>>, link: Link) {
+    let peer = match Peer::of(&link).and_then(|peer| peer.check().map(|()| peer)) {
+        Ok(peer) => peer,
+        Err(why) => {
+            tracing::warn!("refusing a hand-over connection: {why}");
+            return;
+        }
+    };
+    if greeting.len() >= MAX_GREETING {
+        tracing::warn!(%peer, "refusing a hand-over connection: {MAX_GREETING} wait for their hello already");
+        return;
+    }
+    greeting.spawn(async move {
+        let version = tokio::time::timeout(HELLO, hello(&link))
+            .await
+            .unwrap_or_else(|_| Err(timed_out("a new instance's hello", HELLO)))
+            .map_err(|err| io::Error::new(err.kind(), format!("{peer}: {err}")))?;
+        Ok(Successor {
+            link,
+            peer,
+            greeted: true,
+            version,
+        })
+    });
+}
+
+/// Reads a new instance's `hello` (its pid is ignored: the kernel's is used): the protocol
+/// version to speak with it, any from [`OLDEST`] to [`VERSION`].
+async fn hello(link: &Link) -> io::Result<u32> {
+    match link.recv().await? {
+        Some((Message::Hello { version, .. }, _)) if (OLDEST..=VERSION).contains(&version) => {
+            Ok(version)
+        }
+        Some((Message::Hello { version, .. }, _)) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("protocol version {version}, this instance speaks {OLDEST} to {VERSION}"),
+        )),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("expected hello, got {other:?}"),
+        )),
+    }
+}
+
+/// Connects to the instance serving at `path`: `None` when there is none (no file, or a file
+/// nobody listens on: the instance that bound it died; the file is removed).
+fn connect(path: &Path) -> io::Result<Option<Link>> {
+    match Link::connect(path) {
+        Ok(link) => Ok(Some(link)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
+            tracing::info!(path = %path.display(), "removing a stale hand-over socket");
+            let _ = std::fs::remove_file(path);
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Sends `cache` with one end of a new stream, and gives `follow` the other.
+async fn send_cache(link: &Link, follow: Follow<'_>) -> io::Result<()> {
+    let (ours, theirs) = link::stream_pair()?;
+    link.send(&Message::Cache, Some(theirs.as_fd())).await?;
+    follow(ours);
+    Ok(())
+}
+
+/// Reads the `cache` message that follows the sockets in version 2: its stream, if the
+/// descriptor is one (anything else is closed and no cache is read).
+async fn receive_cache(link: &Link) -> io::Result<Option<OwnedFd>> {
+    match link.recv().await? {
+        Some((Message::Cache, Some(fd))) => match rustix::net::sockopt::socket_type(&fd) {
+            Ok(rustix::net::SocketType::STREAM) => Ok(Some(fd)),
+            other => {
+                tracing::warn!(
+                    ?other,
+                    "hand-over: the cache stream is not a stream socket; no cache"
+                );
+                Ok(None)
+            }
+        },
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("expected cache, got {other:?}"),
+        )),
+    }
+}
+
 async fn recv(link: Option<&Link>) -> io::Result<Option<(Message, Option<std::os::fd::OwnedFd>)>> {
     match link {
         Some(link) => link.recv().await,
@@ -447,10 +725,22 @@ async fn send_sockets(link: &Link, listeners: &Listeners) -> io::Result<()> {
 
 /// Reads `socket` messages up to `end`. A descriptor that is not what its message says is
 /// closed and skipped (its address is then bound afresh).
+///
+/// A connection closed before the first message is `ConnectionAborted`: what an instance that
+/// does not speak the version asked in does.
 async fn receive_sockets(link: &Link) -> io::Result<Vec<Socket>> {
     let mut sockets = Vec::new();
+    let mut first = true;
     loop {
-        match link.recv().await? {
+        let message = link.recv().await?;
+        if first && message.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the running instance closed the connection at hello",
+            ));
+        }
+        first = false;
+        match message {
             Some((Message::Socket { kind, addr }, Some(fd))) => {
                 match Socket::received(kind, addr, fd) {
                     Ok(socket) => sockets.push(socket),

@@ -34,13 +34,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nodedns_upstream::Group;
-use nodedns_wire::{Key, rcode};
+use nodedns_wire::rtype::HINFO;
+use nodedns_wire::{Header, Key, class, rcode};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::Snapshot;
-use super::pipeline::{ReplyTo, Waiter};
 
 /// Arrivals of one probe name as a client query that prove a loop.
 pub const ARRIVALS: u32 = 2;
@@ -51,9 +51,6 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How long arrivals are still watched after every probe has been answered (CoreDNS: 2 s): a
 /// loop through a slow path may deliver late.
 pub const GRACE: Duration = Duration::from_secs(2);
-
-/// HINFO (RFC 1035 §3.2.2): the probe's type, as CoreDNS's, so that nothing real is asked.
-const HINFO: u16 = 13;
 
 /// A forwarding loop: nodedns's probe for `zone` came back to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,14 +169,11 @@ impl Detector {
         true
     }
 
-    /// `key`, asked by `waiter`, reached the miss path (call only while [`Detector::armed`]).
-    /// Returns whether it was a probe of the running check. Background refreshes are not client
-    /// queries.
-    pub fn arrived(&self, key: &Key, waiter: &Waiter) -> bool {
-        if matches!(waiter.reply_to, ReplyTo::Nobody) {
-            return false;
-        }
-        self.arrived_name(key.qname(), key.qtype(), Some(waiter.client.addr))
+    /// `key`, asked by the client at `from`, reached the miss path (call only while
+    /// [`Detector::armed`], and only for client queries: a background refresh is not an
+    /// arrival). Returns whether it was a probe of the running check.
+    pub fn arrived(&self, key: &Key, from: SocketAddr) -> bool {
+        self.arrived_name(key.qname(), key.qtype(), Some(from))
     }
 
     /// Registers the probes and arms the detector.
@@ -222,12 +216,11 @@ fn probe_name(zone: &str, a: u64, b: u64) -> (String, Vec<u8>) {
 }
 
 /// The query sent upstream for a probe name: what a client's `HINFO` query for it would become.
+/// HINFO (RFC 1035 §3.2.2), as CoreDNS's probe, so that nothing real is asked.
 fn probe_query(name: &[u8]) -> Option<Vec<u8>> {
-    // A key (name, type, class IN, no DO/CD flags), the form `build_query` takes.
-    let mut key = name.to_vec();
-    key.extend_from_slice(&[0, HINFO as u8, 0, 1, 0]);
-    let mut query = Vec::with_capacity(key.len() + 23);
-    nodedns_wire::build_query(&key, 0, &mut query)?;
+    let key = Key::new(name, HINFO, class::IN, false, false)?;
+    let mut query = Vec::with_capacity(key.as_bytes().len() + 23);
+    nodedns_wire::build_query(key.as_bytes(), 0, &mut query)?;
     Some(query)
 }
 
@@ -310,7 +303,7 @@ async fn send(group: Arc<Group>, query: Vec<u8>, zone: String) {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let err = match group.query(&query).await {
-            Ok(reply) if reply.get(3).map(|flags| flags & 0x0f) != Some(rcode::SERVFAIL) => {
+            Ok(reply) if Header::read(&reply).map(|h| h.rcode()) != Some(rcode::SERVFAIL) => {
                 tracing::debug!(%zone, "loop check: the probe was answered");
                 return;
             }
@@ -420,17 +413,6 @@ mod tests {
         assert_eq!(verdict(&detector), None);
     }
 
-    #[test]
-    fn background_refreshes_are_not_arrivals() {
-        let (detector, name) = detector_with(".");
-        let mut key = name.clone();
-        key.extend_from_slice(&[0, HINFO as u8, 0, 1, 0]);
-        let key = Key::from_bytes(&key).unwrap();
-        assert!(!detector.arrived(&key, &Waiter::nobody()));
-        assert!(!detector.arrived(&key, &Waiter::nobody()));
-        assert_eq!(verdict(&detector), None);
-    }
-
     /// An upstream on a real UDP socket that answers every query with NXDOMAIN (the header
     /// flipped to a response), as an upstream without a loop does; it passes each query's
     /// question on to the test.
@@ -534,9 +516,11 @@ mod tests {
                     ..Default::default()
                 },
             }),
-            log: false,
+            log: Vec::new(),
             errors: false,
             loop_check,
+            dnstap: Vec::new(),
+            chain: Default::default(),
         }
     }
 
@@ -556,12 +540,17 @@ mod tests {
         };
         let mut registry = prometheus_client::registry::Registry::default();
         let upstream_metrics = nodedns_upstream::Metrics::register(&mut registry);
-        let metrics = crate::metrics::Metrics::new(
-            &["127.0.0.1:53".parse().unwrap()],
-            crate::metrics::Options::default(),
-        );
-        let snap = crate::app::build_snapshot(Arc::new(config), None, &upstream_metrics, &metrics)
-            .unwrap();
+        let metrics = crate::metrics::Metrics::new(&["127.0.0.1:53".parse().unwrap()], true);
+        let taps = crate::dnstap::Metrics::default();
+        let snap = Snapshot::build(
+            Arc::new(config),
+            None,
+            &upstream_metrics,
+            &Default::default(),
+            &metrics,
+            &taps,
+        )
+        .unwrap();
         let zones: Vec<String> = targets(&snap).into_iter().map(|t| t.zone).collect();
         assert_eq!(zones, ["example.", "."]);
     }

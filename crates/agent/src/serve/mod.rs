@@ -5,29 +5,49 @@
 //!   never leave that thread and never touch the async runtime.
 //! - [`tcp`]: tokio tasks, one per client connection, pipelined.
 //! - [`pipeline`]: what both share: parse, route, cache lookup, and for misses the async path
-//!   (single-flight, upstream, insert, answer every waiter).
-//! - [`loopcheck`]: the start-up forwarding-loop check (the `loop` directive).
+//!   (single-flight, upstream, insert, answer every waiter); then, for every answer, count it,
+//!   add it to its client's figures ([`crate::clients`]), tap it ([`crate::dnstap`]) and log
+//!   it.
+//! - [`request`]: what a query carries through the pipeline (its client, its labels, what
+//!   answered it).
+//! - [`cascade`]: the ndots cascade prefetch (a first search-list step's NXDOMAIN starts the
+//!   later steps' fetches).
+//! - [`querylog`] (the `log` directive), [`errors`] (the `errors` directive), [`loopcheck`] (the
+//!   `loop` directive): the directives that act on the request path.
+//! - [`sibling`]: another instance serving the same addresses (a second DaemonSet): found at
+//!   shutdown, handed the queries, left the host plumbing.
 //!
 //! Data-path code reads one immutable [`Snapshot`] per batch (arc-swap); reload publishes a new
 //! one and never blocks a reader.
 
+pub mod cascade;
+pub mod errors;
 pub mod loopcheck;
 pub mod pipeline;
+pub mod querylog;
+pub mod ratelimit;
+pub mod request;
+pub mod sibling;
 pub mod tcp;
 pub mod udp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use nodedns_cache::{Cache, Flights};
 use nodedns_upstream::Group;
 
+use crate::clients;
 use crate::config::{Config, Route, Router, Server};
-use crate::metrics::Metrics;
+use crate::dnstap::{self, Tap};
+use crate::metrics::{CacheFigures, Metrics, ZoneFigures};
+use errors::Errors;
 use pipeline::Waiter;
+use querylog::QueryLog;
+pub use request::{Client, Labels, Proto, Source};
 
 /// Waiters queued behind one key's upstream fetch, at most. Beyond it a query gets SERVFAIL at
 /// once: a flood of one name must not queue unbounded memory.
@@ -40,10 +60,51 @@ pub struct Zone {
     /// Index of this block in the configuration (its metrics labels).
     pub label: usize,
     pub cache: Option<Arc<Cache>>,
+    /// Names `cache` for the life of the process (the metrics count its evictions under it).
+    pub cache_id: u64,
     /// In-progress upstream fetches; lives as long as the cache so a reload that keeps the cache
     /// keeps the fetches it is waiting on.
     pub flights: Arc<Flights<Waiter>>,
     pub group: Option<Arc<Group>>,
+    /// Its failed upstream exchanges, logged if it has `errors`.
+    pub errors: Errors,
+    /// Its `dnstap` sinks.
+    pub taps: Vec<Arc<Tap>>,
+    /// Its plugins after the cache other than `forward` (`hosts`, `whoami`), serving.
+    pub plugins: crate::plugin::Live,
+}
+
+impl Zone {
+    /// Whether the block's `forward` takes `qname` (wire form, lowercase): under FROM and under
+    /// no `except` name. (The per-query path asks the [`Router`], which has it in wire form.)
+    pub fn forwards(&self, qname: &[u8]) -> bool {
+        let Some(forward) = &self.server.forward else {
+            return false;
+        };
+        let name = crate::logging::name_text(qname);
+        let under = |zone: &String| crate::config::values::is_under(&name, zone);
+        under(&forward.from) && !forward.except.iter().any(under)
+    }
+}
+
+/// Why a snapshot could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// A block's `forward` has upstream settings the pool refuses.
+    #[error("forward of {zones}")]
+    Forward {
+        zones: String,
+        #[source]
+        source: nodedns_upstream::ConfigError,
+    },
+    /// A block's `dnstap` writer could not start (its thread).
+    #[error("dnstap {sink} of {zones}")]
+    Dnstap {
+        zones: String,
+        sink: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Everything the data path reads, swapped as a whole on reload.
@@ -56,12 +117,136 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Builds the data-path snapshot for `config`. A block is the same block as one of
+    /// `previous` when it serves the same zones on the same addresses (the configuration never
+    /// holds two such blocks). Blocks whose cache policy and `forward` are unchanged keep their
+    /// cache (and its in-flight fetches); a block whose upstreams changed starts with an empty
+    /// one, so it never answers from what the old upstreams said. Unchanged upstreams keep
+    /// their pools, unchanged `dnstap` directives their writers (and connections), unchanged
+    /// plugins their state (`hosts` its entries and its poller). Each block's metric label slots
+    /// come from `metrics`, its taps count in `taps`. Must be called inside the tokio runtime
+    /// (upstream pools spawn their reapers, `hosts` its poller).
+    pub fn build(
+        config: Arc<Config>,
+        previous: Option<&Snapshot>,
+        upstream_metrics: &nodedns_upstream::Metrics,
+        plugin_metrics: &crate::plugin::Metrics,
+        metrics: &Metrics,
+        taps: &dnstap::Metrics,
+    ) -> Result<Snapshot, SnapshotError> {
+        let mut zones = Vec::with_capacity(config.servers.len());
+        for server in &config.servers {
+            let label = metrics.zone_slots(&server.zones);
+            let same =
+                |z: &&Arc<Zone>| z.server.zones == server.zones && z.server.listen == server.listen;
+            let old = previous.and_then(|p| p.zones.iter().find(same));
+            let new_flights = || Arc::new(Flights::new(MAX_WAITERS_PER_KEY));
+            let (cache, cache_id, flights) = match (old, &server.cache) {
+                (Some(old), Some(policy))
+                    if old.server.cache.as_ref() == Some(policy)
+                        && old.server.forward == server.forward
+                        && old.cache.is_some() =>
+                {
+                    (old.cache.clone(), old.cache_id, old.flights.clone())
+                }
+                (_, Some(policy)) => (
+                    Some(Arc::new(Cache::new(policy.clone()))),
+                    next_cache_id(),
+                    new_flights(),
+                ),
+                (_, None) => (None, 0, new_flights()),
+            };
+            let group = match (&server.forward, old) {
+                (Some(forward), Some(old))
+                    if old.server.forward.as_ref().map(|f| &f.upstream)
+                        == Some(&forward.upstream) =>
+                {
+                    old.group.clone()
+                }
+                (Some(forward), _) => Some(Arc::new(
+                    Group::new(forward.upstream.clone(), upstream_metrics).map_err(|source| {
+                        SnapshotError::Forward {
+                            zones: server.zones.join(" "),
+                            source,
+                        }
+                    })?,
+                )),
+                (None, _) => None,
+            };
+            let taps = match old {
+                Some(old) if old.server.dnstap == server.dnstap => old.taps.clone(),
+                _ => server
+                    .dnstap
+                    .iter()
+                    .map(|tap| {
+                        Tap::start(tap.clone(), taps).map_err(|source| SnapshotError::Dnstap {
+                            zones: server.zones.join(" "),
+                            sink: tap.sink.to_string(),
+                            source,
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            zones.push(Arc::new(Zone {
+                label,
+                cache,
+                cache_id,
+                flights,
+                group,
+                errors: Errors::new(&server.zones, server.errors),
+                taps,
+                plugins: server.chain.start(
+                    old.map(|o| &o.plugins),
+                    plugin_metrics,
+                    &server
+                        .listen
+                        .first()
+                        .map_or_else(String::new, |a| crate::metrics::server_label(*a)),
+                ),
+                server: server.clone(),
+            }));
+        }
+        let router = Router::new(&config.servers);
+        Ok(Snapshot {
+            config,
+            router,
+            zones,
+        })
+    }
+
     /// The block serving `qname` (lowercase wire form) on `local`, and whether its `forward`
     /// takes the name.
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<(&Arc<Zone>, Route)> {
         let route = self.router.route(qname, local)?;
         Some((self.zones.get(route.server)?, route))
     }
+
+    /// What each block reports to the metrics at scrape time.
+    pub fn figures(&self) -> Vec<ZoneFigures> {
+        self.zones
+            .iter()
+            .map(|zone| {
+                let flights = zone.flights.sizes();
+                ZoneFigures {
+                    listen: zone.server.listen.clone(),
+                    zones: zone.server.zones.clone(),
+                    cache: zone.cache.as_ref().map(|cache| CacheFigures {
+                        id: zone.cache_id,
+                        stats: cache.stats(),
+                        capacity_bytes: cache.policy().capacity_bytes,
+                    }),
+                    fetches: flights.fetches as u64,
+                    waiters: flights.waiters as u64,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A number no other cache of this process has.
+fn next_cache_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// State shared by every listener and task.
@@ -69,8 +254,16 @@ impl Snapshot {
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
     pub metrics: Arc<Metrics>,
+    /// The per-client figures: UDP workers take a tracker each, the rest share one.
+    pub clients: Arc<clients::Board>,
+    /// The query log of the async path (listeners keep their own, with the same settings).
+    pub querylog: QueryLog,
     /// The start-up forwarding-loop check; the miss path reports probe names to it.
     pub loops: loopcheck::Detector,
+    /// The ndots cascade prefetch's bounds (process-wide, across reloads).
+    pub cascade: cascade::Bounds,
+    /// The UDP listeners' limit per client address (off unless [`Shared::with_udp_limit`]).
+    pub udp_limit: ratelimit::Limiter,
     /// Set when shutdown begins: listeners stop reading new queries.
     stopping: AtomicBool,
     /// Misses being resolved, so shutdown can wait for their answers.
@@ -79,15 +272,30 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(snapshot: Snapshot, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        snapshot: Snapshot,
+        metrics: Arc<Metrics>,
+        clients: Arc<clients::Board>,
+        querylog: querylog::Settings,
+    ) -> Self {
         Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
+            clients,
+            querylog: QueryLog::new(querylog),
             loops: loopcheck::Detector::default(),
+            cascade: cascade::Bounds::default(),
+            udp_limit: ratelimit::Limiter::off(),
             stopping: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
         }
+    }
+
+    /// With the UDP listeners limited per client address by `settings`.
+    pub fn with_udp_limit(mut self, settings: ratelimit::Settings) -> Self {
+        self.udp_limit = ratelimit::Limiter::new(settings);
+        self
     }
 
     /// Marks one miss in flight until the guard drops, unless `limit` misses are in flight
@@ -137,5 +345,88 @@ pub struct InFlight(Arc<Shared>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Forward;
+
+    fn block(listen: &str, upstream: &str) -> Server {
+        Server {
+            zones: vec![".".to_owned()],
+            listen: vec![listen.parse().unwrap()],
+            cache: Some(nodedns_cache::Policy::default()),
+            forward: Some(Forward {
+                from: ".".to_owned(),
+                except: Vec::new(),
+                upstream: nodedns_upstream::Config {
+                    addrs: vec![upstream.parse().unwrap()],
+                    ..Default::default()
+                },
+            }),
+            log: Vec::new(),
+            errors: false,
+            loop_check: false,
+            dnstap: Vec::new(),
+            chain: Default::default(),
+        }
+    }
+
+    /// `.:53` and `.:5353` are two blocks: after a reload each keeps its own cache and
+    /// upstreams, never the other's.
+    #[tokio::test]
+    async fn a_reload_keeps_each_blocks_cache_and_upstreams_by_zones_and_addresses() {
+        let config = Arc::new(Config {
+            servers: vec![
+                block("127.0.0.1:53", "192.0.2.1:53"),
+                block("127.0.0.1:5353", "192.0.2.2:53"),
+            ],
+            ..Config::default()
+        });
+        let upstream_metrics = nodedns_upstream::Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        let (metrics, taps) = (Metrics::default(), dnstap::Metrics::default());
+        let plugin_metrics = crate::plugin::Metrics::default();
+        let first = Snapshot::build(
+            config.clone(),
+            None,
+            &upstream_metrics,
+            &plugin_metrics,
+            &metrics,
+            &taps,
+        )
+        .unwrap();
+        let again = Snapshot::build(
+            config,
+            Some(&first),
+            &upstream_metrics,
+            &plugin_metrics,
+            &metrics,
+            &taps,
+        )
+        .unwrap();
+        for (old, new) in first.zones.iter().zip(&again.zones) {
+            let (old_cache, new_cache) = (old.cache.as_ref().unwrap(), new.cache.as_ref().unwrap());
+            assert!(Arc::ptr_eq(old_cache, new_cache), "{:?}", new.server.listen);
+            assert_eq!(old.cache_id, new.cache_id);
+            assert!(Arc::ptr_eq(&old.flights, &new.flights));
+            assert!(Arc::ptr_eq(
+                old.group.as_ref().unwrap(),
+                new.group.as_ref().unwrap()
+            ));
+        }
+        let (a, b) = (&again.zones[0], &again.zones[1]);
+        assert!(!Arc::ptr_eq(
+            a.cache.as_ref().unwrap(),
+            b.cache.as_ref().unwrap()
+        ));
+        assert_eq!(
+            b.group.as_ref().unwrap().config().addrs,
+            ["192.0.2.2:53".parse::<SocketAddr>().unwrap()],
+            "the second block forwards where it did"
+        );
     }
 }

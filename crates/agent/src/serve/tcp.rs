@@ -2,49 +2,104 @@
 //!
 //! A connection may carry many queries back to back (pipelining); each is answered as soon as it
 //! can be, so answers may leave out of order (RFC 7766 §7). The reader and the writer are separate
-//! tasks joined by a bounded channel, so a slow upstream answer never holds back a cached one.
+//! tasks joined by a bounded queue, so a slow upstream answer never holds back a cached one.
 //!
-//! Bounds, so that no client can hurt another: a cap on open connections, in all and per client
-//! address (beyond either, new ones are closed at once), an idle timeout that also covers a client
-//! dripping a frame byte by byte, and a cap on queries in flight per connection (the reader stops
-//! reading until answers drain).
+//! Bounds, so that no client can hurt another (docs/reliability.md lists them with what
+//! exceeding each gets):
+//! - open connections, in all and per client address ([`Connections`]): beyond either, a new one
+//!   is closed at once;
+//! - an idle timeout, which also covers a client dripping a frame byte by byte;
+//! - queries in flight per connection: the reader stops reading until answers drain;
+//! - a query frame longer than [`MAX_QUERY`] closes the connection, so a read buffer never
+//!   grows past it;
+//! - bytes of answers queued, per connection ([`Limits::max_queued_bytes`]) and in all
+//!   ([`Connections`]): room for the largest answer is taken before a cached answer is written,
+//!   so no answer is ever held outside the budgets, and the reader waits for it (a client that
+//!   does not read stops being read); an upstream answer that finds no room closes its
+//!   connection (the client retries unanswered queries on a new one, RFC 7766 §6.2.4);
+//! - a write that makes no progress for [`Limits::write_timeout`] (a client that does not read)
+//!   aborts the connection (RST, so the kernel drops what it still held for it too);
+//! - small kernel buffers per connection ([`SEND_BUFFER`], [`RECEIVE_BUFFER`]): what the kernel
+//!   holds for a client that does not read is charged to the agent's memory too.
+//!
+//! Frames are cut by `nodedns_wire::frame` (as the upstream pool's replies are): one buffer per
+//! connection, so a read brings as many pipelined queries as have arrived, and a frame shorter
+//! than a DNS header closes the connection (RFC 7766 §8).
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use nodedns_wire::frame;
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use super::Shared;
-use super::pipeline::{self, Front, ReplyTo, Waiter};
-use crate::metrics::{Client, Proto};
+use super::pipeline::{self, Front, Recorder, ReplyTo, TCP_LIMIT, Waiter};
+use super::request::{Client, MAX_QUERY, Proto};
+use crate::accept;
 
-/// Limits for one client connection (the caps on open connections are [`Connections`], shared
-/// by every listener).
+/// Bytes of one answer in its frame: the message and its 2-byte length.
+const LARGEST_ANSWER: usize = TCP_LIMIT + 2;
+
+/// Bytes of answers queued for all connections at most, and for one connection (the default of
+/// [`Limits::max_queued_bytes`]): room for two of the largest answers (a client that reads keeps
+/// its queue near empty; one that does not finds the bound).
+pub const MAX_QUEUED_TOTAL: usize = 16 << 20;
+pub const MAX_QUEUED_PER_CONNECTION: usize = 2 * LARGEST_ANSWER;
+
+/// Kernel buffers asked for each client connection (the kernel doubles them for bookkeeping):
+/// plenty for a client on the node (a 32 KiB window at a loopback or veth round trip is hundreds
+/// of MB/s), and small enough that a thousand clients that neither read nor stop sending hold
+/// tens of MiB in the kernel, not gigabytes (autotuning grows each to several MiB).
+pub const SEND_BUFFER: usize = 16 << 10;
+pub const RECEIVE_BUFFER: usize = 8 << 10;
+
+/// Limits for one client connection (the caps on open connections and the total of queued
+/// answers are [`Connections`], shared by every listener).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// A connection with no complete query for this long is closed (RFC 7766 §6.2.3).
     pub idle_timeout: Duration,
+    /// A write that makes no progress for this long (the client does not read) aborts the
+    /// connection (CoreDNS's write timeout on its TCP servers is 5 s).
+    pub write_timeout: Duration,
     /// Queries in flight on one connection at most.
     pub max_in_flight: usize,
+    /// Bytes of answers queued on one connection at most (at least [`LARGEST_ANSWER`]).
+    pub max_queued_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             idle_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(5),
             max_in_flight: 128,
+            max_queued_bytes: MAX_QUEUED_PER_CONNECTION,
         }
     }
 }
 
+/// What the TCP listeners refuse, beyond the connection caps (those are
+/// `nodedns_tcp_refused_connections_total`, on the request path's counters).
+pub type Metrics = accept::Refusals;
+
+/// The names of the TCP listeners' [`Metrics`].
+pub const NAMES: accept::Names = accept::Names {
+    accept_errors: "nodedns_tcp_accept_errors",
+    accept_errors_help: "Failed accepts on the DNS TCP listeners (EMFILE and the like), each followed by a back-off",
+    closed: "nodedns_tcp_connections_closed",
+    closed_help: "Client TCP connections closed by nodedns, by reason: write_timeout (a write made no progress: the client does not read), queue_full (an upstream answer found no room in the connection's or the agent's queued answers)",
+};
+
 /// The caps on open client connections, shared by every TCP listener: in all, and per client
-/// address.
+/// address; and the bytes of answers queued for all of them.
 #[derive(Debug)]
 pub struct Connections {
     total: Arc<Semaphore>,
@@ -53,6 +108,9 @@ pub struct Connections {
     /// Open connections per client address. An address is here only while it has a connection
     /// open, and each of those holds a `total` permit, so the map never outgrows the total cap.
     clients: Mutex<HashMap<IpAddr, usize>>,
+    /// One permit per byte of answers queued by any connection.
+    queued: Arc<Semaphore>,
+    metrics: Metrics,
 }
 
 impl Connections {
@@ -61,7 +119,14 @@ impl Connections {
             total: Arc::new(Semaphore::new(total.min(Semaphore::MAX_PERMITS))),
             per_client,
             clients: Mutex::new(HashMap::new()),
+            queued: Arc::new(Semaphore::new(MAX_QUEUED_TOTAL)),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// What the listeners count.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// A place for one more connection from `client`, or `None` when either cap is reached.
@@ -110,6 +175,115 @@ impl Drop for Admitted {
     }
 }
 
+/// One answer in a connection's queue, with its bytes' places in both budgets (given back once
+/// it is written).
+#[derive(Debug)]
+struct Queued {
+    answer: Vec<u8>,
+    _room: Room,
+}
+
+/// Places in a connection's budget and in the agent's, as many as an answer's frame takes.
+#[derive(Debug)]
+struct Room {
+    own: OwnedSemaphorePermit,
+    total: OwnedSemaphorePermit,
+}
+
+impl Room {
+    /// Gives back what an answer of `len` bytes does not need.
+    fn shrink_to(&mut self, len: usize) {
+        let need = u32::try_from(len + 2).unwrap_or(u32::MAX);
+        for permit in [&mut self.own, &mut self.total] {
+            let held = u32::try_from(permit.num_permits()).unwrap_or(u32::MAX);
+            if held > need {
+                drop(permit.split((held - need) as usize));
+            }
+        }
+    }
+}
+
+/// What one connection's reader, writer and waiting misses share: the writer's queue and the
+/// budgets of its bytes.
+#[derive(Debug)]
+struct Queue {
+    tx: mpsc::Sender<Queued>,
+    own: Arc<Semaphore>,
+    total: Arc<Semaphore>,
+    /// Set when the connection must end now (an answer found no room, or the writer stalled):
+    /// the reader stops, the writer aborts the connection.
+    abort: watch::Sender<bool>,
+    metrics: Metrics,
+}
+
+impl Queue {
+    /// Room for the largest answer, waiting for it (in the connection's budget, then the
+    /// agent's). `None` once the connection is ending.
+    async fn reserve(&self) -> Option<Room> {
+        let own = self.own.clone().acquire_many_owned(LARGEST_ANSWER as u32);
+        let own = own.await.ok()?;
+        let total = self.total.clone().acquire_many_owned(LARGEST_ANSWER as u32);
+        let total = total.await.ok()?;
+        Some(Room { own, total })
+    }
+
+    /// Room for `len` bytes now, or `None`.
+    fn try_reserve(&self, len: usize) -> Option<Room> {
+        let n = u32::try_from(len + 2).ok()?;
+        let own = self.own.clone().try_acquire_many_owned(n).ok()?;
+        let total = self.total.clone().try_acquire_many_owned(n).ok()?;
+        Some(Room { own, total })
+    }
+
+    /// Ends the connection because of `reason` (counted once per connection).
+    fn abort(&self, reason: &'static str) {
+        if !self.abort.send_replace(true) {
+            self.metrics.closed(reason);
+        }
+    }
+
+    /// Ends the connection: the client is gone.
+    fn end(&self) {
+        self.abort.send_replace(true);
+    }
+}
+
+/// Where a waiting miss's answer goes: its connection's queue, and the in-flight slot the query
+/// holds until its answer is queued.
+#[derive(Debug)]
+pub struct Answers {
+    queue: Arc<Queue>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Answers {
+    /// Queues an upstream answer without waiting. When there is no room for it (the client does
+    /// not read, or every connection's queue together is full), the connection is closed (the
+    /// client asks again on a new one) and the answer is dropped: `false`, as when the
+    /// connection is gone.
+    pub fn send(self, answer: Vec<u8>) -> bool {
+        if *self.queue.abort.borrow() {
+            return false;
+        }
+        let Some(room) = self.queue.try_reserve(answer.len()) else {
+            self.queue.abort("queue_full");
+            return false;
+        };
+        let queued = Queued {
+            answer,
+            _room: room,
+        };
+        match self.queue.tx.try_send(queued) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.queue.abort("queue_full");
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
 /// Binds a listening socket in `addr`'s `SO_REUSEPORT` group (`IP_FREEBIND`, as for UDP).
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -123,7 +297,9 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
         }
     }
     socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
+    socket
+        .bind(&addr.into())
+        .map_err(|e| super::sibling::in_use(addr, e))?;
     socket.listen(1024)?;
     TcpListener::from_std(socket.into())
 }
@@ -137,18 +313,24 @@ pub async fn run(
     connections: Arc<Connections>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut backoff = accept::Backoff::new("DNS TCP", "nodedns_tcp_accept_errors_total");
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => return,
         };
         let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
+            Ok(accepted) => {
+                backoff.accepted();
+                accepted
+            }
             Err(err) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!(%local, %err, "TCP accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+                connections.metrics.accept_errors.inc();
+                let delay = backoff.failed(&err, Some(local));
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => continue,
+                    _ = stop.wait_for(|stop| *stop) => return,
+                }
             }
         };
         let Some(admitted) = connections.admit(peer.ip()) else {
@@ -157,81 +339,124 @@ pub async fn run(
             continue;
         };
         let shared = shared.clone();
+        let total = connections.queued.clone();
+        let metrics = connections.metrics.clone();
         tokio::spawn(async move {
             let client = Client {
                 proto: Proto::Tcp,
                 addr: peer,
             };
-            serve_connection(shared, stream, local, client, limits, admitted).await;
+            let budgets = (total, metrics);
+            serve_connection(shared, stream, local, client, limits, budgets, admitted).await;
         });
     }
 }
 
-/// Serves one client connection until it closes, idles out, or sends garbage framing.
+/// Serves one client connection until it closes, idles out, sends garbage framing, or does not
+/// read its answers.
 async fn serve_connection(
     shared: Arc<Shared>,
     stream: TcpStream,
     local: SocketAddr,
     client: Client,
     limits: Limits,
+    (total, metrics): (Arc<Semaphore>, Metrics),
     _admitted: Admitted,
 ) {
     let _ = stream.set_nodelay(true);
-    let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(limits.max_in_flight);
-    let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
-
-    let writing = tokio::spawn(async move {
-        let mut frame = Vec::with_capacity(1024);
-        while let Some(answer) = rx.recv().await {
-            frame.clear();
-            frame.extend_from_slice(&(answer.len() as u16).to_be_bytes());
-            frame.extend_from_slice(&answer);
-            if writer.write_all(&frame).await.is_err() {
-                return;
-            }
-        }
-        let _ = writer.shutdown().await;
+    let socket = SockRef::from(&stream);
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
+    let _ = socket.set_recv_buffer_size(RECEIVE_BUFFER);
+    let (mut reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Queued>(limits.max_in_flight);
+    let (abort, aborted) = watch::channel(false);
+    let queue = Arc::new(Queue {
+        tx,
+        own: Arc::new(Semaphore::new(limits.max_queued_bytes.max(LARGEST_ANSWER))),
+        total,
+        abort,
+        metrics,
     });
+    let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
+    let writing = tokio::spawn(write_answers(
+        writer,
+        rx,
+        limits.write_timeout,
+        Arc::downgrade(&queue),
+        aborted.clone(),
+    ));
 
-    let counters = shared.metrics.listener(local);
+    let to = Recorder {
+        counters: shared.metrics.listener(local),
+        clients: shared.clients.shared(),
+        log: &shared.querylog,
+    };
     let runtime = tokio::runtime::Handle::current();
-    let mut query = Vec::with_capacity(512);
+    let mut frames = frame::Buffer::new(512);
+    let mut ending = aborted;
     loop {
         // One permit per query in flight: when the client has too many queries pending, stop
         // reading until answers drain.
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            break;
+        let slot = tokio::select! {
+            slot = in_flight.clone().acquire_owned() => slot,
+            _ = ending.wait_for(|abort| *abort) => break,
         };
-        match tokio::time::timeout(limits.idle_timeout, read_frame(&mut reader, &mut query)).await {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) | Ok(Err(_)) | Err(_) => break,
-        }
+        let Ok(slot) = slot else { break };
+        let next = tokio::select! {
+            next = tokio::time::timeout(limits.idle_timeout, read_frame(&mut reader, &mut frames)) => next,
+            _ = ending.wait_for(|abort| *abort) => break,
+        };
+        let query = match next {
+            Ok(Ok(Next::Frame)) => match frames.take() {
+                Some(query) => query,
+                None => break,
+            },
+            Ok(Ok(Next::Malformed)) => {
+                // Too short for a header (nothing to answer to, as a datagram that short), or
+                // longer than any query.
+                to.counters.malformed();
+                break;
+            }
+            Ok(Ok(Next::End)) | Ok(Err(_)) | Err(_) => break,
+        };
+        // Room for the largest answer before writing one, so that no answer waits outside the
+        // budgets: a client that does not read stops being read here.
+        let room = tokio::select! {
+            room = queue.reserve() => room,
+            _ = ending.wait_for(|abort| *abort) => None,
+        };
+        let Some(mut room) = room else { break };
         let now = Instant::now();
         let snap = shared.snapshot.load();
         let mut out = Vec::with_capacity(512);
-        match pipeline::answer(counters, &snap, &query, local, &client, now, &mut out) {
+        match pipeline::answer(&to, &snap, query, local, &client, now, &mut out) {
             Front::Answered => {
-                if tx.send(out).await.is_err() {
+                room.shrink_to(out.len());
+                if !queue_answer(&queue, out, room, &mut ending).await {
                     break;
                 }
-                drop(permit);
+                drop(slot);
             }
-            Front::AnsweredRefresh(miss) => {
-                pipeline::spawn(&shared, &runtime, miss, Waiter::nobody());
-                if tx.send(out).await.is_err() {
+            Front::AnsweredRefresh(refresh) => {
+                pipeline::refresh(&shared, &runtime, refresh);
+                room.shrink_to(out.len());
+                if !queue_answer(&queue, out, room, &mut ending).await {
                     break;
                 }
-                drop(permit);
+                drop(slot);
             }
             Front::Dropped => {
                 // Not a query (or no header): a client speaking garbage on TCP gets closed.
                 break;
             }
             Front::Miss(miss) => {
+                drop(room);
                 let waiter = Waiter {
-                    query: query.as_slice().into(),
-                    reply_to: ReplyTo::Tcp(tx.clone(), permit),
+                    query: query.into(),
+                    reply_to: ReplyTo::Tcp(Answers {
+                        queue: queue.clone(),
+                        _slot: slot,
+                    }),
                     client,
                     started: now,
                     labels: miss.labels,
@@ -241,27 +466,136 @@ async fn serve_connection(
         }
     }
     // Answers still in flight are written before the connection closes (RFC 7766 §6.2.4):
-    // the writer ends once every waiter has dropped its sender.
-    drop(tx);
+    // the writer ends once every waiter has dropped its handle on the queue (or at once when the
+    // connection is aborted).
+    drop(queue);
     let _ = writing.await;
 }
 
-/// Reads one length-prefixed message into `buf`. `Ok(false)` on a clean EOF between messages.
-async fn read_frame(
-    reader: &mut tokio::net::tcp::OwnedReadHalf,
-    buf: &mut Vec<u8>,
-) -> io::Result<bool> {
-    let mut len = [0u8; 2];
-    match reader.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
-        Err(err) => return Err(err),
+/// Queues a cached answer with its room; `false` once the connection is ending.
+async fn queue_answer(
+    queue: &Queue,
+    answer: Vec<u8>,
+    room: Room,
+    ending: &mut watch::Receiver<bool>,
+) -> bool {
+    let queued = Queued {
+        answer,
+        _room: room,
+    };
+    tokio::select! {
+        sent = queue.tx.send(queued) => sent.is_ok(),
+        _ = ending.wait_for(|abort| *abort) => false,
     }
-    let len = u16::from_be_bytes(len) as usize;
-    buf.clear();
-    buf.resize(len, 0);
-    reader.read_exact(buf).await?;
-    Ok(true)
+}
+
+/// Writes queued answers until the queue ends (then closes the connection cleanly), or until the
+/// connection must end at once: the client stopped reading for `write_timeout`, or an answer
+/// found no room. Then it aborts the connection (RST), dropping what the kernel still holds.
+async fn write_answers(
+    mut writer: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Queued>,
+    write_timeout: Duration,
+    // Weak: the queue ends (and with it this loop) when the reader and every waiting miss have
+    // let go of it.
+    queue: std::sync::Weak<Queue>,
+    mut aborted: watch::Receiver<bool>,
+) {
+    loop {
+        let next = tokio::select! {
+            next = rx.recv() => next,
+            _ = aborted.wait_for(|abort| *abort) => break,
+        };
+        let Some(queued) = next else {
+            let _ = writer.shutdown().await;
+            return;
+        };
+        let written = tokio::select! {
+            written = write_frame(&mut writer, &queued.answer, write_timeout) => written,
+            _ = aborted.wait_for(|abort| *abort) => break,
+        };
+        match written {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::TimedOut => {
+                if let Some(queue) = queue.upgrade() {
+                    queue.abort("write_timeout");
+                }
+                break;
+            }
+            // The client went away: the reader stops too.
+            Err(_) => {
+                if let Some(queue) = queue.upgrade() {
+                    queue.end();
+                }
+                return;
+            }
+        }
+    }
+    // RST: nothing more is sent, and the kernel frees what it held for the client at once (no
+    // FIN queued behind the unsent bytes either).
+    let _ = SockRef::from(writer.as_ref()).set_linger(Some(Duration::ZERO));
+    rx.close();
+    writer.forget();
+}
+
+/// Writes `answer` with its length prefix. Each write must make progress within `timeout`.
+async fn write_frame(
+    writer: &mut OwnedWriteHalf,
+    answer: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    let prefix = u16::try_from(answer.len())
+        .unwrap_or(u16::MAX)
+        .to_be_bytes();
+    let total = prefix.len() + answer.len();
+    let mut done = 0;
+    while done < total {
+        let parts = if done < prefix.len() {
+            [IoSlice::new(&prefix[done..]), IoSlice::new(answer)]
+        } else {
+            [
+                IoSlice::new(&answer[done - prefix.len()..]),
+                IoSlice::new(&[]),
+            ]
+        };
+        match tokio::time::timeout(timeout, writer.write_vectored(&parts)).await {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => done += n,
+            Ok(Err(err)) => return Err(err),
+            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Ok(())
+}
+
+/// What [`read_frame`] found.
+enum Next {
+    /// A whole frame is buffered: [`frame::Buffer::take`] returns it.
+    Frame,
+    /// The client closed the connection between frames.
+    End,
+    /// A frame too short to hold a DNS header, or longer than [`MAX_QUERY`].
+    Malformed,
+}
+
+/// Reads until `frames` holds a whole frame (at once if it already does). A connection that ends
+/// inside a frame is an error.
+async fn read_frame(reader: &mut OwnedReadHalf, frames: &mut frame::Buffer) -> io::Result<Next> {
+    loop {
+        if frames.next_len().is_some_and(|len| len > MAX_QUERY) {
+            return Ok(Next::Malformed);
+        }
+        match frames.ready() {
+            Ok(true) => return Ok(Next::Frame),
+            Err(_) => return Ok(Next::Malformed),
+            Ok(false) => {}
+        }
+        match reader.read(frames.spare()).await? {
+            0 if frames.is_empty() => return Ok(Next::End),
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => frames.filled(n),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -300,6 +634,83 @@ mod tests {
         }
         assert!(connections.clients.lock().unwrap().is_empty());
         assert_eq!(connections.total.available_permits(), 100);
+    }
+
+    /// A connection's queue with `own` bytes of budget, in an agent with `total`.
+    fn queue(own: usize, total: usize) -> (Arc<Queue>, mpsc::Receiver<Queued>) {
+        let (tx, rx) = mpsc::channel(8);
+        let queue = Queue {
+            tx,
+            own: Arc::new(Semaphore::new(own)),
+            total: Arc::new(Semaphore::new(total)),
+            abort: watch::channel(false).0,
+            metrics: Metrics::default(),
+        };
+        (Arc::new(queue), rx)
+    }
+
+    fn answers(queue: &Arc<Queue>) -> Answers {
+        Answers {
+            queue: queue.clone(),
+            _slot: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+        }
+    }
+
+    fn closed(queue: &Queue, reason: &'static str) -> u64 {
+        queue.metrics.closed_count(reason)
+    }
+
+    #[tokio::test]
+    async fn room_for_the_largest_answer_shrinks_to_the_answer_written() {
+        let (queue, _rx) = queue(2 * LARGEST_ANSWER, MAX_QUEUED_TOTAL);
+        let mut room = queue.reserve().await.unwrap();
+        assert_eq!(queue.own.available_permits(), LARGEST_ANSWER);
+        room.shrink_to(100);
+        assert_eq!(queue.own.available_permits(), 2 * LARGEST_ANSWER - 102);
+        assert_eq!(queue.total.available_permits(), MAX_QUEUED_TOTAL - 102);
+        drop(room);
+        assert_eq!(queue.own.available_permits(), 2 * LARGEST_ANSWER);
+    }
+
+    #[test]
+    fn an_upstream_answer_that_finds_no_room_ends_the_connection_counted_once() {
+        let (queue, mut rx) = queue(LARGEST_ANSWER, MAX_QUEUED_TOTAL);
+        assert!(answers(&queue).send(vec![0; 40_000]), "room for the first");
+        assert!(!*queue.abort.borrow());
+        assert!(
+            !answers(&queue).send(vec![0; 40_000]),
+            "none for the second"
+        );
+        assert!(*queue.abort.borrow(), "the connection ends");
+        assert!(!answers(&queue).send(vec![0; 10]));
+        assert_eq!(closed(&queue, "queue_full"), 1);
+        // Written, the first answer gives its room back.
+        drop(rx.try_recv().unwrap());
+        assert_eq!(queue.own.available_permits(), LARGEST_ANSWER);
+    }
+
+    #[test]
+    fn the_agents_budget_binds_every_connection() {
+        let total = Arc::new(Semaphore::new(50_000));
+        let (a, _rx_a) = queue(LARGEST_ANSWER, 0);
+        let (b, _rx_b) = queue(LARGEST_ANSWER, 0);
+        let share = |q: Arc<Queue>| {
+            Arc::new(Queue {
+                tx: q.tx.clone(),
+                own: q.own.clone(),
+                total: total.clone(),
+                abort: watch::channel(false).0,
+                metrics: Metrics::default(),
+            })
+        };
+        let (a, b) = (share(a), share(b));
+        assert!(answers(&a).send(vec![0; 30_000]));
+        assert!(
+            !answers(&b).send(vec![0; 30_000]),
+            "the agent's budget is spent"
+        );
+        assert_eq!(closed(&b, "queue_full"), 1);
+        assert_eq!(closed(&a, "queue_full"), 0);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! 1. `recvmmsg` a batch (blocks until at least one datagram is there, then takes what is queued);
 //! 2. for each datagram run [`pipeline::answer`]: a hit or a refusal is written into that slot's
-//!    reusable output buffer; a miss is handed to the async runtime with a [`Waiter`];
+//!    reusable output buffer; a miss is handed to the async runtime with a [`Waiter`] (and the
+//!    rare hit that starts a background refresh hands that over too, with no waiter);
 //! 3. `sendmmsg` the batch of answers.
 //!
 //! Invariants: no allocation per query after warm-up (buffers are reused), no lock, no await;
@@ -13,7 +14,7 @@
 //! shutdown within [`POLL`] even when no query arrives.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,16 +27,15 @@ use nix::sys::socket::{
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::Shared;
-use super::pipeline::{self, Front, ReplyTo, Waiter};
-use crate::metrics::{Client, Counters, Proto};
+use super::pipeline::{self, Front, Recorder, ReplyTo, Waiter};
+use super::ratelimit::{Clock, Limiter, Verdict};
+use super::request::{Client, MAX_QUERY, Proto};
+use crate::metrics::Counters;
 
 /// Datagrams taken per `recvmmsg` at most.
 const BATCH: usize = 64;
 /// Datagrams asked for when the last batch was small.
 const MIN_WANT: usize = 4;
-/// Largest query accepted. Queries are small (one question, maybe an OPT with a cookie); a
-/// datagram longer than this is truncated by the kernel and then fails to parse.
-const MAX_QUERY: usize = 2048;
 /// How often an idle worker checks for shutdown.
 const POLL: Duration = Duration::from_millis(100);
 /// Socket buffer size asked for (the kernel doubles it for bookkeeping); a burst of misses or a
@@ -58,7 +58,9 @@ pub fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
     }
     set_buffers(&socket);
     socket.set_read_timeout(Some(POLL))?;
-    socket.bind(&addr.into())?;
+    socket
+        .bind(&addr.into())
+        .map_err(|e| super::sibling::in_use(addr, e))?;
     Ok(socket.into())
 }
 
@@ -91,9 +93,16 @@ pub fn run(
     stop: Arc<AtomicBool>,
 ) {
     let counters = shared.metrics.worker(local);
-    let mut worker = Worker::new();
+    let clients = shared.clients.worker();
+    let log = shared.querylog.single_writer();
+    let to = Recorder {
+        counters: &counters,
+        clients: clients.as_deref(),
+        log: &log,
+    };
+    let mut worker = Worker::new(&shared.udp_limit);
     while !shared.stopping() && !stop.load(Ordering::Relaxed) {
-        match worker.serve_batch(&shared, &counters, &socket, local, &runtime) {
+        match worker.serve_batch(&shared, &to, &socket, local, &runtime) {
             Ok(()) => {}
             Err(Errno::EAGAIN | Errno::EINTR) => {}
             Err(err) => {
@@ -123,6 +132,8 @@ struct Worker {
     /// does not set up a full batch of headers for every datagram, and a busy one grows to
     /// [`BATCH`].
     want: usize,
+    /// The time the rate limit reads, per batch.
+    clock: Clock,
 }
 
 /// Reuses a vector's allocation for another element type of the same size and alignment (here the
@@ -136,7 +147,7 @@ fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
 }
 
 impl Worker {
-    fn new() -> Self {
+    fn new(limiter: &Limiter) -> Self {
         Worker {
             inbuf: vec![[0; MAX_QUERY]; BATCH],
             outbuf: (0..BATCH).map(|_| Vec::with_capacity(1232)).collect(),
@@ -147,13 +158,14 @@ impl Worker {
             peers: Vec::with_capacity(BATCH),
             send_iovs: Vec::with_capacity(BATCH),
             want: MIN_WANT,
+            clock: limiter.clock(),
         }
     }
 
     fn serve_batch(
         &mut self,
         shared: &Arc<Shared>,
-        counters: &Counters,
+        to: &Recorder<'_>,
         socket: &Arc<UdpSocket>,
         local: SocketAddr,
         runtime: &tokio::runtime::Handle,
@@ -166,30 +178,37 @@ impl Worker {
         }
         self.want = (self.received.len() * 2).clamp(MIN_WANT, BATCH);
         let now = Instant::now();
+        let clock = self.clock.read(&shared.udp_limit, now);
         let snap = shared.snapshot.load();
         self.answers.clear();
         for (slot, &(len, peer)) in self.received.iter().enumerate() {
             let Some(peer_addr) = peer.as_ref().and_then(to_socket_addr) else {
                 continue;
             };
-            // Never answer port 0: such a source is forged, and answering it reflects traffic.
-            if peer_addr.port() == 0 {
-                counters.malformed();
+            if forbidden(&peer_addr) {
+                to.counters.forbidden_source();
                 continue;
             }
             let packet = &self.inbuf[slot][..len];
             let out = &mut self.outbuf[slot];
             out.clear();
+            let verdict = shared.udp_limit.check(&peer_addr, clock);
+            if verdict != Verdict::Answer {
+                if limited(to.counters, verdict, packet, out) {
+                    self.answers.push(slot);
+                }
+                continue;
+            }
             let client = Client {
                 proto: Proto::Udp,
                 addr: peer_addr,
             };
-            match pipeline::answer(counters, &snap, packet, local, &client, now, out) {
+            match pipeline::answer(to, &snap, packet, local, &client, now, out) {
                 Front::Answered => self.answers.push(slot),
                 Front::Dropped => {}
-                Front::AnsweredRefresh(miss) => {
+                Front::AnsweredRefresh(refresh) => {
                     self.answers.push(slot);
-                    pipeline::spawn(shared, runtime, miss, Waiter::nobody());
+                    pipeline::refresh(shared, runtime, refresh);
                 }
                 Front::Miss(miss) => {
                     let waiter = Waiter {
@@ -203,7 +222,7 @@ impl Worker {
                 }
             }
         }
-        self.send_answers(fd, counters);
+        self.send_answers(fd, to.counters);
         Ok(())
     }
 
@@ -290,6 +309,35 @@ impl Worker {
     }
 }
 
+/// Whether no answer may go to `peer`: port 0, an unspecified address, a broadcast or multicast
+/// one. Such a source is forged (the kernel never gives a socket one to send from, RFC 1122
+/// §3.2.1.3 and RFC 4291 §2.7 forbid them as sources), and an answer would go to a bystander, a
+/// whole network, or back to the node itself: a reflection. (A subnet's directed broadcast
+/// address cannot be told from a host's here; the kernel refuses to send to one without
+/// `SO_BROADCAST`, which the listeners never set.)
+#[inline]
+fn forbidden(peer: &SocketAddr) -> bool {
+    peer.port() == 0
+        || match peer.ip() {
+            IpAddr::V4(ip) => ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast(),
+            IpAddr::V6(ip) => ip.is_unspecified() || ip.is_multicast(),
+        }
+}
+
+/// A query beyond its client's rate limit: writes an empty TC=1 answer into `out` for
+/// [`Verdict::Truncate`] (`true`: send it), nothing for [`Verdict::Drop`]; counts which. A
+/// packet that does not parse as a query gets nothing (counted as dropped).
+#[cold]
+fn limited(counters: &Counters, verdict: Verdict, packet: &[u8], out: &mut Vec<u8>) -> bool {
+    let truncated = verdict == Verdict::Truncate
+        && nodedns_wire::Query::parse(packet).is_ok_and(|query| {
+            nodedns_wire::write_truncated(&query, out);
+            true
+        });
+    counters.rate_limited(truncated);
+    truncated
+}
+
 fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
     if let Some(v4) = addr.as_sockaddr_in() {
         return Some(SocketAddr::V4((*v4).into()));
@@ -301,6 +349,30 @@ fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sources_no_answer_may_go_to_are_forbidden() {
+        for peer in [
+            "10.0.0.1:0",
+            "0.0.0.0:5353",
+            "255.255.255.255:68",
+            "224.0.0.251:5353",
+            "239.255.255.250:1900",
+            "[::]:5353",
+            "[ff02::fb]:5353",
+        ] {
+            assert!(forbidden(&peer.parse().unwrap()), "{peer}");
+        }
+        for peer in [
+            "10.244.1.7:40000",
+            "127.0.0.1:53000",
+            "169.254.20.10:1",
+            "[fd00::7]:40000",
+            "[::1]:53000",
+        ] {
+            assert!(!forbidden(&peer.parse().unwrap()), "{peer}");
+        }
+    }
 
     #[test]
     fn recycle_keeps_the_allocation() {
