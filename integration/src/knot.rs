@@ -389,10 +389,18 @@ mod-stats:
     response-code: on
     query-type: on
 
+# Any client may transfer a zone (AXFR, IXFR): this Knot serves tests only, and the transfer
+# tests need a server that answers them.
+acl:
+  - id: transfer
+    address: [ 0.0.0.0/0, ::/0 ]
+    action: transfer
+
 template:
   - id: default
     storage: "{d}"
     global-module: mod-stats/counters
+    acl: transfer
 
 zone:
 "#,

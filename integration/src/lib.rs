@@ -10,6 +10,8 @@
 //! - [`knot::Knot`]: the authoritative upstream with a `cluster.local` zone and query counters.
 //! - [`scripted::Scripted`]: an upstream whose every answer a test programs (faults, delays) and
 //!   which counts queries and connections.
+//! - [`dot::Unbound`]: a real DNS-over-TLS server (unbound) in front of a test's Knot, with
+//!   certificates made at test time ([`dot::Pki`]).
 //! - [`client`]: raw UDP/TCP queries decoded with hickory-proto (the oracle), pipelining, and
 //!   `dig`/`kdig` runs with their output parsed.
 //! - [`Process`], [`TempDir`], [`free_port`]: the plumbing the above share.
@@ -17,6 +19,7 @@
 //! Every helper picks its own ports and directories, so tests run in parallel.
 
 pub mod client;
+pub mod dot;
 pub mod knot;
 pub mod netns;
 pub mod node;
@@ -187,12 +190,20 @@ impl Process {
         }
     }
 
-    /// The exit status if the process has exited (without waiting).
+    /// The exit status if the process has exited (without waiting for it to exit). Once it
+    /// has, what it wrote last is collected first (up to 2 s for the readers to reach the end
+    /// of its pipes), so [`Process::output`] holds everything it said.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         if self.stopped.is_some() {
             return self.stopped;
         }
-        self.child.try_wait().ok().flatten()
+        let status = self.child.try_wait().ok().flatten()?;
+        let drained = Instant::now() + Duration::from_secs(2);
+        while !self.readers.iter().all(JoinHandle::is_finished) && Instant::now() < drained {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stopped = Some(status);
+        Some(status)
     }
 
     /// Sends `signal` to the process (by PID). Does nothing once it has been reaped.
@@ -314,6 +325,27 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     Ok((status, body.to_owned()))
 }
 
+/// Writes `corefile` into `dir` and starts `nodedns run --conf` on it, without host setup and
+/// with a resolv.conf naming a documentation address; not waited for. Returns the agent and the
+/// Corefile's path.
+pub fn spawn_with_corefile(dir: &TempDir, corefile: &str) -> (Process, PathBuf) {
+    let path = dir.path().join("Corefile");
+    std::fs::write(&path, corefile).expect("write the Corefile");
+    let resolv_conf = dir.path().join("resolv.conf");
+    std::fs::write(&resolv_conf, "nameserver 192.0.2.53\n").expect("write resolv.conf");
+    let mut command = Command::new(nodedns_bin());
+    command
+        .arg("run")
+        .arg("--conf")
+        .arg(&path)
+        .arg("--resolv-conf")
+        .arg(&resolv_conf)
+        .arg("--no-setup")
+        .env_remove("NODEDNS_HANDOFF_DIR");
+    let agent = Process::spawn("nodedns", command).expect("spawn nodedns");
+    (agent, path)
+}
+
 /// The name the harness queries to learn that an agent serves (a name no test uses, so its
 /// cache entry and upstream query never disturb a test's counts for its own names).
 pub const PROBE_NAME: &str = "nodedns-probe.cluster.local.";
@@ -324,6 +356,8 @@ pub const PROBE_NAME: &str = "nodedns-probe.cluster.local.";
 pub struct Agent {
     process: Process,
     addr: SocketAddr,
+    /// The Corefile's directory, for an agent started [`Agent::with_corefile`].
+    _dir: Option<TempDir>,
 }
 
 impl Agent {
@@ -339,10 +373,7 @@ impl Agent {
         extra: &[S],
     ) -> anyhow::Result<Agent> {
         let bin = nodedns_bin();
-        let mut last = None;
-        // The free port can be taken between choosing and binding it: try a few.
-        for _ in 0..3 {
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+        Agent::on_a_free_port(|addr| {
             let mut command = Command::new(&bin);
             command
                 .arg("run")
@@ -355,7 +386,36 @@ impl Agent {
             command.args(extra);
             let process = Process::spawn("nodedns", command)
                 .with_context(|| format!("spawn {}", bin.display()))?;
-            let mut agent = Agent { process, addr };
+            Ok((process, None))
+        })
+    }
+
+    /// Starts `nodedns run --conf` ([`spawn_with_corefile`]) on a Corefile of one block for `.`
+    /// on 127.0.0.1:<free>, holding `body` (its directives, `forward` included); returns once it
+    /// answers as [`Agent::start`] does.
+    pub fn with_corefile(body: &str) -> anyhow::Result<Agent> {
+        Agent::on_a_free_port(|addr| {
+            let dir = TempDir::new("nodedns-corefile")?;
+            let corefile = format!(".:{} {{\n    bind 127.0.0.1\n{body}\n}}\n", addr.port());
+            let (process, _) = spawn_with_corefile(&dir, &corefile);
+            Ok((process, Some(dir)))
+        })
+    }
+
+    /// Starts the agent `spawn` makes for a free loopback port, and waits until it answers.
+    /// The port can be taken between choosing and binding it: tries a few.
+    fn on_a_free_port(
+        mut spawn: impl FnMut(SocketAddr) -> anyhow::Result<(Process, Option<TempDir>)>,
+    ) -> anyhow::Result<Agent> {
+        let mut last = None;
+        for _ in 0..3 {
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+            let (process, dir) = spawn(addr)?;
+            let mut agent = Agent {
+                process,
+                addr,
+                _dir: dir,
+            };
             match agent.wait_ready(Duration::from_secs(15)) {
                 Ok(()) => return Ok(agent),
                 Err(error) => {

@@ -18,11 +18,19 @@
 //! with the link-local address only, and nodedns binds only that). The DNAT is what makes
 //! conntrack run in the node namespace at all, so a conntrack count of zero means something.
 //!
+//! [`Node::add_coredns_replica`] adds a second CoreDNS pod (`10.244.3.2`, in a namespace of its
+//! own) and spreads both ClusterIPs over the pods as kube-proxy's iptables mode does
+//! (`-m statistic --mode random`, one rule per endpoint); [`Node::set_coredns_endpoints`] and
+//! [`Node::forget_udp_flows_to`] are kube-proxy's reaction to an endpoint leaving.
+//!
 //! `ip netns exec <pod> getent hosts <name>` is glibc's real resolver reading the pod's
 //! resolv.conf. Everything is torn down on drop, in order: processes, then namespaces.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::process::{ExitStatus, Output};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -48,6 +56,8 @@ pub const POD_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 2);
 /// Where CoreDNS (Knot) runs: the kube-dns endpoint.
 pub const COREDNS_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
 pub const COREDNS_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 2);
+/// Where the second CoreDNS pod runs ([`Node::add_coredns_replica`]).
+pub const COREDNS2_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 2);
 
 /// Tools a simulated node needs; tests skip (saying which is missing) without them.
 pub const TOOLS: &[&str] = &[
@@ -95,6 +105,7 @@ impl Default for NodeOptions {
 #[derive(Debug)]
 pub struct Node {
     knot: Knot,
+    replica: Option<Replica>,
     pub node: Netns,
     pub pod: Netns,
     pub coredns: Netns,
@@ -103,8 +114,21 @@ pub struct Node {
 
 impl Node {
     /// Builds the namespaces, links, routes, kube-proxy's rules, the pod's resolv.conf, and
-    /// starts Knot in the CoreDNS namespace. Returns once CoreDNS answers.
+    /// starts Knot in the CoreDNS namespace serving [`Node::standard_zones`]. Returns once
+    /// CoreDNS answers.
     pub fn build(options: NodeOptions) -> anyhow::Result<Node> {
+        Node::build_serving(options, Node::standard_zones())
+    }
+
+    /// What CoreDNS serves on a node built with [`Node::build`]: [`Knot::cluster_local`] and a
+    /// root zone (names outside the cluster get NXDOMAIN).
+    pub fn standard_zones() -> Vec<Zone> {
+        vec![Knot::cluster_local(), root_zone()]
+    }
+
+    /// [`Node::build`] with CoreDNS serving `zones` instead (start from
+    /// [`Node::standard_zones`] to add records or zones).
+    pub fn build_serving(options: NodeOptions, zones: Vec<Zone>) -> anyhow::Result<Node> {
         let prefix = netns::unique_prefix();
         let node = Netns::create(&format!("{prefix}-node"))?;
         let pod = Netns::create(&format!("{prefix}-pod"))?;
@@ -209,11 +233,12 @@ impl Node {
         let knot = Knot::start(Options {
             listen,
             netns: Some(coredns.name().to_owned()),
-            zones: vec![Knot::cluster_local(), root_zone()],
+            zones,
         })
         .context("start Knot as CoreDNS")?;
         Ok(Node {
             knot,
+            replica: None,
             node,
             pod,
             coredns,
@@ -224,6 +249,106 @@ impl Node {
     /// The Knot standing in for CoreDNS (query counters).
     pub fn coredns(&self) -> &Knot {
         &self.knot
+    }
+
+    /// Starts a second CoreDNS pod ([`COREDNS2_IP`], its own namespace and link `vd2`, the same
+    /// zones as the first) and makes kube-proxy spread both ClusterIPs over the two pods at
+    /// random. IPv4 and kube-proxy's iptables mode only.
+    pub fn add_coredns_replica(&mut self) -> anyhow::Result<&Replica> {
+        if self.options.proxy != ProxyMode::Iptables || self.options.dual_stack {
+            bail!("a second CoreDNS pod needs an IPv4 node with kube-proxy in iptables mode");
+        }
+        if self.replica.is_some() {
+            bail!("the node already has a second CoreDNS pod");
+        }
+        let ns = Netns::create(&format!("{}2", self.coredns.name()))?;
+        self.node.veth("vd2", &ns, "eth0")?;
+        self.node
+            .run("ip", &["addr", "add", "10.244.3.1/24", "dev", "vd2"])?;
+        ns.run("ip", &["addr", "add", "10.244.3.2/24", "dev", "eth0"])?;
+        ns.run("ip", &["route", "add", "default", "via", "10.244.3.1"])?;
+        let knot = Knot::start(Options {
+            listen: vec![SocketAddr::from((COREDNS2_IP, 53))],
+            netns: Some(ns.name().to_owned()),
+            zones: Node::standard_zones(),
+        })
+        .context("start Knot as the second CoreDNS pod")?;
+        self.set_coredns_endpoints(&[COREDNS_IP, COREDNS2_IP])?;
+        Ok(self.replica.insert(Replica {
+            knot: Some(knot),
+            ns,
+        }))
+    }
+
+    /// The second CoreDNS pod, once added.
+    pub fn replica(&self) -> Option<&Replica> {
+        self.replica.as_ref()
+    }
+
+    /// The second CoreDNS pod, to stop it.
+    pub fn replica_mut(&mut self) -> Option<&mut Replica> {
+        self.replica.as_mut()
+    }
+
+    /// Rewrites kube-proxy's service rules (iptables mode) so that both ClusterIPs lead to
+    /// `endpoints`, chosen at random for each new flow, as kube-proxy writes them: with `n`
+    /// endpoints, rule `i` matches with probability `1/(n-i)` (`-m statistic --mode random`)
+    /// and the last one always. One `iptables-restore`, so no packet sees a half-written chain.
+    pub fn set_coredns_endpoints(&self, endpoints: &[Ipv4Addr]) -> anyhow::Result<()> {
+        if self.options.proxy != ProxyMode::Iptables || self.options.dual_stack {
+            bail!("endpoints can be changed on an IPv4 iptables-mode node only");
+        }
+        let mut rules = String::from("-F KUBE-SERVICES\n");
+        for svc in [KUBE_DNS, KUBE_DNS_UPSTREAM] {
+            for proto in ["udp", "tcp"] {
+                for (i, endpoint) in endpoints.iter().enumerate() {
+                    let left = endpoints.len() - i;
+                    let statistic = if left > 1 {
+                        format!(
+                            "-m statistic --mode random --probability {:.11} ",
+                            1.0 / left as f64
+                        )
+                    } else {
+                        String::new()
+                    };
+                    rules.push_str(&format!(
+                        "-A KUBE-SERVICES -d {svc}/32 -p {proto} -m {proto} --dport 53 {statistic}-j DNAT --to-destination {endpoint}:53\n"
+                    ));
+                }
+            }
+        }
+        self.node
+            .run_stdin("iptables-restore", &["--noflush"], &iptables_nat(&rules))?;
+        Ok(())
+    }
+
+    /// Deletes the node's UDP conntrack entries of both ClusterIPs that were DNATed to
+    /// `endpoint`, as kube-proxy does when an endpoint leaves (TCP entries stay: established
+    /// connections keep going where they went). Returns how many were deleted.
+    pub fn forget_udp_flows_to(&self, endpoint: Ipv4Addr) -> anyhow::Result<u64> {
+        let mut deleted = 0;
+        for svc in [KUBE_DNS, KUBE_DNS_UPSTREAM] {
+            let out = self.node.output(
+                "conntrack",
+                &[
+                    "-D",
+                    "-p",
+                    "udp",
+                    "--orig-dst",
+                    &svc.to_string(),
+                    "--dst-nat",
+                    &endpoint.to_string(),
+                ],
+            )?;
+            // conntrack exits 1 when nothing matched; it says how many it deleted on stderr
+            // (`conntrack v1.4.7 (conntrack-tools): 3 flow entries have been deleted.`).
+            let said = String::from_utf8_lossy(&out.stderr);
+            deleted += said
+                .split_once(" flow entr")
+                .and_then(|(head, _)| head.rsplit(' ').next()?.parse::<u64>().ok())
+                .with_context(|| format!("conntrack -D: {}", said.trim()))?;
+        }
+        Ok(deleted)
     }
 
     /// What node-cache's `-localip` would be on this node: the link-local address(es), plus
@@ -434,6 +559,28 @@ impl Node {
         Ok(agent)
     }
 
+    /// Starts the `nodedns` binary in the node namespace with exactly `args` (node-cache's flat
+    /// command line works as it is) and returns once its output contains `ready`. For an
+    /// instance beside another, which "answers" from the start.
+    pub fn spawn_nodedns(
+        &self,
+        name: &str,
+        args: &[&str],
+        ready: &str,
+    ) -> anyhow::Result<NodeAgent> {
+        let bin = crate::nodedns_bin();
+        let mut command = self.node.command(bin.to_str().context("binary path")?);
+        command
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .env("NO_COLOR", "1")
+            .env_remove("NODEDNS_HANDOFF_DIR");
+        let process = Process::spawn(name, command).context("spawn nodedns")?;
+        let mut agent = NodeAgent { process };
+        agent.process.wait_output(ready, Duration::from_secs(20))?;
+        Ok(agent)
+    }
+
     /// `GET <path>` over HTTP/1.0 to `addr` from the node namespace (bash's `/dev/tcp`, so no
     /// HTTP client needs to be installed); returns the body.
     pub fn http_get(&self, addr: SocketAddr, path: &str) -> anyhow::Result<String> {
@@ -488,6 +635,44 @@ impl Node {
     }
 }
 
+/// The second CoreDNS pod of a node ([`Node::add_coredns_replica`]): Knot in a namespace of its
+/// own at [`COREDNS2_IP`]. Knot stops before the namespace goes.
+#[derive(Debug)]
+pub struct Replica {
+    /// `None` once stopped.
+    knot: Option<Knot>,
+    pub ns: Netns,
+}
+
+impl Replica {
+    /// Its Knot (query counters), until stopped.
+    pub fn knot(&self) -> Option<&Knot> {
+        self.knot.as_ref()
+    }
+
+    /// Drops every packet in and out of the pod (nftables, at a priority before anything else),
+    /// as when its node dies: no FIN, no RST, no ICMP; ARP still answers, so the node keeps
+    /// sending. Knot keeps running and never sees them.
+    pub fn silence(&self) -> anyhow::Result<()> {
+        self.ns.run_stdin(
+            "nft",
+            &["-f", "-"],
+            "table inet silence {\n\
+             \tchain in { type filter hook prerouting priority -500; policy drop; }\n\
+             \tchain out { type filter hook output priority -500; policy drop; }\n\
+             }\n",
+        )?;
+        Ok(())
+    }
+
+    /// Stops Knot (SIGTERM): it closes its connections (FIN) and exits.
+    pub fn stop(&mut self) {
+        if let Some(knot) = self.knot.take() {
+            knot.stop();
+        }
+    }
+}
+
 /// nodedns running in a node namespace. SIGTERM (then SIGKILL) by PID on drop; its output is
 /// printed if the test is failing.
 #[derive(Debug)]
@@ -539,6 +724,115 @@ impl NodeAgent {
             .wait_timeout(Duration::from_secs(5))
             .context("nodedns survived SIGKILL")?;
         Ok(())
+    }
+}
+
+/// A lookup loop in the pod: `dig` batches of 200 queries (cluster names, and names that do
+/// not exist) against `server`, one after the other until [`PodLoad::finish`]; counts the
+/// queries that got no NOERROR or NXDOMAIN answer within `dig`'s own tries.
+#[derive(Debug)]
+pub struct PodLoad {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    examples: Arc<Mutex<Vec<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a [`PodLoad`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLoadReport {
+    pub sent: u64,
+    pub failed: u64,
+    /// `dig`'s comments from the first few batches with a failure.
+    pub examples: Vec<String>,
+}
+
+impl PodLoad {
+    /// Starts the loop; `tries` is `dig`'s `+tries` (a stub resolver's attempts: 1 counts every
+    /// lost datagram as a failure), each of `time` seconds. `dir` holds the batch file.
+    pub fn start(node: &Node, server: IpAddr, tries: u8, time: u8, dir: &Path) -> PodLoad {
+        let batch = dir.join(format!("batch-{server}-{tries}"));
+        let mut lines = String::new();
+        for i in 0..200 {
+            let name = match i % 4 {
+                0 => "kubernetes.default.svc.cluster.local".to_owned(),
+                1 => "web.default.svc.cluster.local".to_owned(),
+                2 => "kube-dns.kube-system.svc.cluster.local".to_owned(),
+                _ => format!("n{i}.nothere.svc.cluster.local"),
+            };
+            lines.push_str(&format!("@{server} +tries={tries} +time={time} {name} A\n"));
+        }
+        std::fs::write(&batch, lines).expect("write the dig batch");
+        let pod = node.pod.name().to_owned();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let examples = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, sent, failed, examples) =
+                (stop.clone(), sent.clone(), failed.clone(), examples.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let out = std::process::Command::new("ip")
+                        .args(["netns", "exec", &pod, "dig", "-f"])
+                        .arg(&batch)
+                        .output()
+                        .expect("run dig");
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    let good = text
+                        .lines()
+                        .filter(|l| l.contains("->>HEADER<<-"))
+                        .filter(|l| l.contains("status: NOERROR") || l.contains("status: NXDOMAIN"))
+                        .count() as u64;
+                    sent.fetch_add(200, Ordering::Relaxed);
+                    if good < 200 {
+                        failed.fetch_add(200 - good, Ordering::Relaxed);
+                        let mut examples = examples.lock().unwrap();
+                        if examples.len() < 5 {
+                            examples.push(
+                                text.lines()
+                                    .filter(|l| l.starts_with(";;"))
+                                    .take(20)
+                                    .collect::<Vec<_>>()
+                                    .join("\n"),
+                            );
+                        }
+                    }
+                }
+            })
+        };
+        PodLoad {
+            stop,
+            sent,
+            failed,
+            examples,
+            thread: Some(thread),
+        }
+    }
+
+    /// Queries sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Stops the loop (after the batch under way) and reports.
+    pub fn finish(mut self) -> PodLoadReport {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the pod's lookup loop");
+        }
+        PodLoadReport {
+            sent: self.sent.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            examples: self.examples.lock().unwrap().clone(),
+        }
+    }
+}
+
+impl Drop for PodLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

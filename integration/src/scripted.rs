@@ -50,6 +50,13 @@ pub enum Action {
     /// This message sent exactly as given: no ID or question put in (for replies that must be
     /// refused, such as a wrong ID or another question).
     Raw(Message),
+    /// The inner action's reply without an OPT record, whatever the query had: an upstream that
+    /// does not speak EDNS (RFC 6891 §7). The inner action must be one that replies (not a
+    /// delay, silence or an edit).
+    NoEdns(Box<Action>),
+    /// The inner action's reply bytes, changed by this function before they are sent (for
+    /// replies no encoder writes: a record count past the records, bytes after the end).
+    Edit(Box<Action>, fn(&mut Vec<u8>)),
 }
 
 impl Action {
@@ -362,11 +369,36 @@ async fn decide(query: &Message, action: Action) -> Outcome {
         tokio::time::sleep(delay).await;
         action = *inner;
     }
+    match action {
+        Action::Silence => Outcome::Nothing,
+        Action::Reset => Outcome::Reset,
+        Action::Close => Outcome::Close,
+        Action::Edit(inner, edit) => match Box::pin(decide(query, *inner)).await {
+            Outcome::Send(mut bytes) => {
+                edit(&mut bytes);
+                Outcome::Send(bytes)
+            }
+            other => other,
+        },
+        action => match message(query, action).map(|reply| reply.to_vec()) {
+            Some(Ok(bytes)) => Outcome::Send(bytes),
+            _ => Outcome::Nothing,
+        },
+    }
+}
+
+/// The reply an action that replies makes (`None` for one that does not, as inside
+/// [`Action::NoEdns`]).
+fn message(query: &Message, action: Action) -> Option<Message> {
     let reply = match action {
-        Action::Silence => return Outcome::Nothing,
-        Action::Reset => return Outcome::Reset,
-        Action::Close => return Outcome::Close,
-        Action::Delay(..) => unreachable!("delays unwrapped above"),
+        Action::Silence | Action::Reset | Action::Close | Action::Delay(..) | Action::Edit(..) => {
+            return None;
+        }
+        Action::NoEdns(inner) => {
+            let mut reply = message(query, *inner)?;
+            reply.edns = None;
+            reply
+        }
         Action::Answer { ttl, data } => {
             let mut reply = response(query, ResponseCode::NoError);
             let name = query
@@ -404,10 +436,7 @@ async fn decide(query: &Message, action: Action) -> Outcome {
             reply
         }
     };
-    match reply.to_vec() {
-        Ok(bytes) => Outcome::Send(bytes),
-        Err(_) => Outcome::Nothing,
-    }
+    Some(reply)
 }
 
 /// An authoritative reply to `query` with `rcode` and no records; OPT (1232) only if the query
