@@ -2,9 +2,11 @@
 #
 # The nodedns image: the statically linked `nodedns` binary, the rule tools it runs (`nft`, and
 # iptables in its nft and legacy variants, as kube-proxy's image carries them) with exactly the
-# shared libraries and extension modules those tools load, and nothing else: no shell, no
-# package manager, no library that nothing calls, so a scanner has little to report (compare
-# kubernetes/dns#754).
+# shared libraries and extension modules those tools load, Debian's CA bundle (what a
+# `forward . tls://` trusts when no CA file is named), and what manifests written for
+# node-cache's image run besides node-cache: the path `/node-cache`, a POSIX shell (`sh`,
+# `/bin/sh`) and `sleep`. Nothing else: no package manager, no library that nothing calls, so a
+# scanner has little to report (compare kubernetes/dns#754).
 #
 #   docker build -t nodedns:dev .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/nodedns:TAG --push .
@@ -41,7 +43,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Unpinned on purpose: the security updates of the release are what this image should carry.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends nftables iptables \
+ && apt-get install -y --no-install-recommends nftables iptables ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 # (From /: coreutils 9.1's `cp -a --parents` mishandles absolute sources from elsewhere.)
 WORKDIR /
@@ -67,14 +69,30 @@ copy "$xtables"
 # Every shared library those programs and modules load, and the dynamic loader, found by ldd
 # and copied under the name they are looked up by.
 {
-  for f in /usr/sbin/nft /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi "$xtables"/*.so; do
+  for f in /usr/sbin/nft /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi "$xtables"/*.so \
+      /usr/bin/dash /usr/bin/sleep; do
     ldd "$f"
   done
 } | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u \
   | while read -r lib; do cp -L --parents "$lib" "$root"/; done
 
+# Manifests written for node-cache's image run, besides `/node-cache ARGS`, KubeOne's
+# `/bin/sh -c "sleep 10; exec /node-cache ..."` and kubespray's preStop `sh -c "sleep N && kill -9
+# 1"`: a shell with `exec` and `kill` built in, and `sleep`. Debian's dash and coreutils' sleep,
+# both linked against nothing but the glibc already here for nft and iptables: 170 KB, two
+# programs of packages every Debian system carries. Not busybox: one binary with some 300
+# programs (wget, nc, httpd, ...), which scanners identify by its version string and report
+# with all its CVEs. No other coreutils: nothing those manifests run needs them.
+copy /usr/bin/dash /usr/bin/sleep
+ln -s dash "$root/usr/bin/sh"
+ln -s usr/bin "$root/bin"
+# node-cache's path, to the binary the last stage copies in (a dangling link until then).
+ln -s usr/bin/nodedns "$root/node-cache"
+
 # nft prints protocol names (`meta l4proto udp`) from /etc/protocols.
 copy /etc/protocols
+# The system's CAs for tls:// upstreams, at the first path Go (CoreDNS) and nodedns look at.
+copy /etc/ssl/certs/ca-certificates.crt
 # The dynamic loader's cache, for the libraries above only.
 mkdir -p "$root/etc"
 cp /etc/ld.so.conf "$root/etc/"
@@ -91,6 +109,7 @@ chroot "$root" /usr/sbin/nft --version
 for tool in iptables-nft iptables-legacy ip6tables-nft-restore ip6tables-legacy-save; do
   chroot "$root" "/usr/sbin/$tool" --version
 done
+chroot "$root" /bin/sh -c 'sleep 0 && kill -0 $$ && exec sh -c "exit 0"'
 EOF
 
 # 3. The image.

@@ -13,10 +13,18 @@
 #    already checks each tool runs from the new root.
 # 3. The `scratch` image: both trees copied over each other, as the two COPY lines do. Then, with
 #    the tree as the root of every process (chroot) and a network namespace of its own, as a pod
-#    with hostNetwork would see its node: `nodedns --version`, and `nodedns run` setting up its
+#    with hostNetwork would see its node: `nodedns --version`, a `forward . tls://` Corefile
+#    checked (it loads the image's CA bundle), and `nodedns run` setting up its
 #    link, addresses and rules with the image's `nft`, then its `iptables-restore` (nft and
 #    legacy), each checked from outside with the host's tools, answering `dig` on the link's
 #    address, and tearing down on SIGTERM.
+# 4. As manifests written for node-cache's image run it, in a PID namespace of its own as a
+#    container has: KubeOne's `/bin/sh -c "sleep 10; exec /node-cache -localip ... -conf
+#    /etc/Corefile -upstreamsvc kube-dns-upstream"` (with its Corefile.base mounted), which
+#    becomes PID 1; then kubespray's preStop `sh -c "sleep N && kill -9 1"`, run inside the
+#    container's namespaces and root as the kubelet runs an exec hook: it exits 0 and the agent
+#    still answers (a PID namespace's init ignores SIGKILL from inside it); then the runtime's
+#    SIGTERM from outside, and teardown.
 #
 # Prints the size of the tree. What it cannot show: that a registry accepts the image, and the
 # arm64 build.
@@ -27,7 +35,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "ci/image.sh: needs root (chroot, network namespaces)" >&2
   exit 1
 fi
-for tool in cargo nft iptables ip readelf chroot unshare dig; do
+for tool in cargo nft iptables ip readelf chroot unshare nsenter dig; do
   command -v "$tool" >/dev/null || { echo "ci/image.sh: $tool is not installed" >&2; exit 1; }
 done
 
@@ -85,6 +93,12 @@ echo "nameserver 192.0.2.53" >"$work/resolv.conf"
 printf 'image tree: %s (nodedns %s bytes), %s files\n' \
   "$(du -sh "$root" | cut -f1)" "$file_size" "$(find "$root" -type f | wc -l)"
 chroot "$root" /usr/bin/nodedns --version
+# A tls:// forward that names no CA file loads the system's CAs: the image's bundle.
+printf '.:53 {\n    forward . tls://192.0.2.53 {\n        tls_servername dns.example\n    }\n}\n' \
+  >"$root/tmp/Corefile.tls"
+chroot "$root" /usr/bin/nodedns run --check-config --conf /tmp/Corefile.tls \
+  --resolv-conf /etc/resolv.conf >/dev/null
+rm "$root/tmp/Corefile.tls"
 
 ip netns add "$ns"
 ip -n "$ns" link set lo up
@@ -112,8 +126,10 @@ start() {
   echo "ci/image.sh: nodedns ($1) did not start from the image" >&2
   exit 1
 }
+# SIGTERM to the agent ($2, or the process started last), which must exit cleanly and take its
+# link along.
 stop() {
-  kill -TERM "$agent"
+  kill -TERM "${2:-$agent}"
   wait "$agent" || { cat "$work/nodedns-$1.log" >&2; echo "ci/image.sh: nodedns ($1) exited with an error" >&2; exit 1; }
   agent=
   if ip -n "$ns" link show nodelocaldns >/dev/null 2>&1; then
@@ -148,4 +164,59 @@ if raw_rules | grep -qi nodedns; then
   echo "ci/image.sh: iptables rules left after SIGTERM" >&2
   exit 1
 fi
+
+echo "== as node-cache's manifests run the image: /bin/sh, sleep, exec /node-cache, a preStop"
+chroot "$root" /node-cache --version
+# The ConfigMap's Corefile, where KubeOne mounts it (node-cache renders it into -conf).
+cat >"$root/etc/coredns/Corefile.base" <<COREFILE
+cluster.local:53 {
+    errors
+    cache 30
+    bind __PILLAR__LOCAL__DNS__
+    forward . __PILLAR__CLUSTER__DNS__ {
+        force_tcp
+    }
+    health __PILLAR__LOCAL__DNS__:8080
+}
+.:53 {
+    errors
+    cache 30
+    bind __PILLAR__LOCAL__DNS__
+    forward . __PILLAR__UPSTREAM__SERVERS__
+}
+COREFILE
+# KubeOne's command, verbatim but for `sleep 1` (10 there) and `--link-kind bridge` (this
+# kernel has no dummy driver). Kubernetes sets the Service variable; nothing listens there.
+command="sleep 1;
+exec /node-cache -localip $local_ip -conf /etc/Corefile -upstreamsvc kube-dns-upstream --link-kind bridge"
+log="$work/nodedns-node-cache.log"
+KUBE_DNS_UPSTREAM_SERVICE_HOST=127.0.0.9 ip netns exec "$ns" unshare --mount --pid --fork --kill-child sh -c '
+  root=$1; resolv=$2; shift 2
+  mount -t proc proc "$root/proc" && mount --rbind /dev "$root/dev" &&
+    mount -t sysfs sysfs "$root/sys" && mount --bind "$resolv" "$root/etc/resolv.conf" &&
+    exec chroot "$root" "$@"' sh "$root" "$work/resolv.conf" /bin/sh -c "$command" >"$log" 2>&1 &
+agent=$!
+# The container's PID 1, as the host sees it: unshare's child.
+pid1=
+for _ in $(seq 100); do
+  pid1=$(cat "/proc/$agent/task/$agent/children" 2>/dev/null | awk '{ print $1 }')
+  [ -n "$pid1" ] && grep -q "serving DNS" "$log" && break
+  kill -0 "$agent" 2>/dev/null || break
+  sleep 0.1
+done
+grep -q "serving DNS" "$log" || { cat "$log" >&2; echo "ci/image.sh: /node-cache did not start under /bin/sh" >&2; exit 1; }
+expect "PID 1 is nodedns, exec'd by the shell as /node-cache" "usr/bin/nodedns" "$(readlink "/proc/$pid1/exe")"
+expect "PID 1's command line" "^/node-cache" "$(tr '\0' ' ' <"/proc/$pid1/cmdline")"
+expect "rendered Corefile" "bind $local_ip" "$(cat "$root/etc/Corefile")"
+expect "an answer" "status: SERVFAIL" \
+  "$(ip netns exec "$ns" dig +tries=1 +time=5 @"$local_ip" image-check.example. A || true)"
+# kubespray's preStop, as an exec hook runs: the container's namespaces and root, where PID 1
+# is the agent (the shell's own `read` says so: the image has no `cat`).
+in_container() { nsenter --target "$pid1" --pid --mount --net --root --wd /bin/sh -c "$1"; }
+expect "PID 1 seen from inside" "^node-cache$" "$(in_container 'read -r comm </proc/1/comm && echo "$comm"')"
+in_container "sleep 1 && kill -9 1" || { echo "ci/image.sh: the preStop command failed" >&2; exit 1; }
+expect "an answer after the preStop" "status: SERVFAIL" \
+  "$(ip netns exec "$ns" dig +tries=1 +time=5 @"$local_ip" image-check.example. A || true)"
+# The runtime's SIGTERM, from outside the container.
+stop node-cache "$pid1"
 echo "ci/image.sh: ok"
