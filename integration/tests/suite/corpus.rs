@@ -541,6 +541,16 @@ impl Node {
         let prefix = netns::unique_prefix();
         let ns = Netns::create(&format!("{prefix}-node"))?;
         let net = Netns::create(&format!("{prefix}-net"))?;
+        // The clients' fixed source port is inside the ephemeral range: without this, the
+        // kernel may give it to one of the agent's upstream sockets, and the next query's bind
+        // fails.
+        ns.run(
+            "sh",
+            &[
+                "-c",
+                &format!("echo {CLIENT_PORT} > /proc/sys/net/ipv4/ip_local_reserved_ports"),
+            ],
+        )?;
         ns.veth("up0", &net, "dn0")?;
         ns.run(
             "ip",
@@ -939,9 +949,14 @@ fn ask(
     };
     match reply {
         Ok(reply) => describe(&reply),
-        Err(_) => Observed {
-            lines: vec!["no reply".to_owned()],
-        },
+        Err(err) => {
+            // Shown with the test's output when the case fails: a bind error, a timeout and a
+            // reset all read `no reply` in the comparison.
+            eprintln!("{transport:?} query {name} {rtype} to {server}: {err:#}");
+            Observed {
+                lines: vec!["no reply".to_owned()],
+            }
+        }
     }
 }
 
@@ -951,7 +966,7 @@ fn udp_exchange(server: SocketAddr, query: &Message) -> anyhow::Result<Message> 
     } else {
         (std::net::Ipv6Addr::UNSPECIFIED, CLIENT_PORT).into()
     };
-    let socket = UdpSocket::bind(local)?;
+    let socket = bind_client_port(local)?;
     socket.set_read_timeout(Some(PATIENCE))?;
     socket.send_to(&query.to_vec()?, server)?;
     let mut buf = vec![0; 65535];
@@ -969,6 +984,21 @@ fn udp_exchange(server: SocketAddr, query: &Message) -> anyhow::Result<Message> 
         }
     }
     bail!("no reply from {server}")
+}
+
+/// Binds the clients' fixed port. The previous query's socket, closed just before, may still be
+/// open for a moment in a child that another test's thread forked and that has not yet reached
+/// `exec` (which closes it): the port is then in use until it does.
+fn bind_client_port(local: SocketAddr) -> std::io::Result<UdpSocket> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match UdpSocket::bind(local) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            bound => return bound,
+        }
+    }
 }
 
 fn tcp_exchange(server: SocketAddr, query: &Message) -> anyhow::Result<Message> {
