@@ -445,6 +445,71 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn tls_and_https_addresses_get_one_listener_of_their_kind_and_keep_it_across_a_hand_over()
+    {
+        let (dot, tcp_only, doh) = (loopback(), loopback(), loopback());
+        let endpoints: BTreeMap<SocketAddr, Endpoint> = [
+            (dot, Endpoint::Tls(test_tls())),
+            (tcp_only, Endpoint::Tcp),
+            (doh, Endpoint::Https(None)),
+        ]
+        .into();
+        let (old, opened) = Listeners::open(&endpoints, &BTreeMap::new(), 4, Vec::new()).unwrap();
+        assert_eq!(opened.bound, 3, "one listener each, no UDP socket");
+        let kinds: Vec<_> = old.sockets().iter().map(|s| (s.kind, s.addr)).collect();
+        assert_eq!(
+            kinds,
+            [(Kind::Tls, dot), (Kind::Tcp, tcp_only), (Kind::Https, doh)]
+        );
+        // Received by the next instance under their kinds' names, they are served as they are.
+        let received: Vec<Socket> = old
+            .try_clone()
+            .unwrap()
+            .into_sockets()
+            .into_iter()
+            .map(|s| Socket::received(Kind::from_name(s.kind.name()).unwrap(), s.addr, s.fd))
+            .collect::<io::Result<_>>()
+            .unwrap();
+        let (new, opened) = Listeners::open(&endpoints, &BTreeMap::new(), 4, received).unwrap();
+        assert_eq!((opened.inherited, opened.bound, opened.unused), (3, 0, 0));
+        assert_eq!(new.sockets().len(), 3);
+        // An address whose transport changed keeps none of the old sockets: a plain TCP
+        // listener is not served as TLS.
+        let changed: BTreeMap<SocketAddr, Endpoint> =
+            [(tcp_only, Endpoint::Tls(test_tls()))].into();
+        let inherited = new.try_clone().unwrap().into_sockets();
+        let inherited: Vec<Socket> = inherited
+            .into_iter()
+            .filter(|s| s.addr == tcp_only)
+            .collect();
+        drop((old, new));
+        let (changed, opened) = Listeners::open(&changed, &BTreeMap::new(), 4, inherited).unwrap();
+        assert_eq!((opened.inherited, opened.bound, opened.unused), (0, 1, 1));
+        assert_eq!(changed.sockets()[0].kind, Kind::Tls);
+    }
+
+    /// A TLS configuration (its certificate is never presented here).
+    fn test_tls() -> Arc<rustls::ServerConfig> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["dns.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        Arc::new(config)
+    }
+
+    #[tokio::test]
     async fn inherited_sockets_are_served_as_they_are_and_unwanted_ones_are_dropped() {
         let (dns, gone) = (loopback(), loopback());
         let (old, _) = Listeners::open(
