@@ -38,6 +38,8 @@ struct Agent {
     http: SocketAddr,
     metrics: SocketAddr,
     pki: Pki,
+    /// The certificate the `tls` directives name.
+    cert: ServerFiles,
     _dir: TempDir,
 }
 
@@ -56,9 +58,9 @@ fn loopbacks<const N: usize>() -> [SocketAddr; N] {
 impl Agent {
     fn start(upstream: SocketAddr, args: &[&str]) -> Agent {
         let pki = Pki::new("nodedns serving CA").unwrap();
-        let ServerFiles { cert, key } = pki.server("agent", &[NAME, "127.0.0.1"], false).unwrap();
+        let files = pki.server("agent", &[NAME, "127.0.0.1"], false).unwrap();
         let [dns, dot, tcp, doh, http, metrics] = loopbacks();
-        let (cert, key) = (cert.display(), key.display());
+        let (cert, key) = (files.cert.display(), files.key.display());
         let block = |key_text: String, extra: &str| {
             format!(
                 "{key_text} {{\n    bind 127.0.0.1\n{extra}    cache 30\n    forward . {upstream}\n}}\n"
@@ -102,17 +104,14 @@ impl Agent {
             http,
             metrics,
             pki,
+            cert: files,
             _dir: dir,
         }
     }
 
     /// `kdig` against `server` with `args`, trusting the agent's CA for TLS.
     fn kdig(&self, server: SocketAddr, args: &[&str]) -> anyhow::Result<client::DigOutput> {
-        let ca = format!("+tls-ca={}", self.pki.ca_file().display());
-        let hostname = format!("+tls-hostname={NAME}");
-        let mut all = vec![ca.as_str(), hostname.as_str()];
-        all.extend(args);
-        client::kdig(server, &all)
+        kdig_trusting(&self.pki, server, args)
     }
 
     /// The sum of the series whose name and labels start with `prefix`.
@@ -130,6 +129,19 @@ impl Agent {
             r#"coredns_dns_requests_total{{server="{server}",zone=".",view="",proto="tcp""#
         ))
     }
+}
+
+/// `kdig` against `server` with `args`, trusting `pki`'s CA for TLS.
+fn kdig_trusting(
+    pki: &Pki,
+    server: SocketAddr,
+    args: &[&str],
+) -> anyhow::Result<client::DigOutput> {
+    let ca = format!("+tls-ca={}", pki.ca_file().display());
+    let hostname = format!("+tls-hostname={NAME}");
+    let mut all = vec![ca.as_str(), hostname.as_str()];
+    all.extend(args);
+    client::kdig(server, &all)
 }
 
 fn knot_or_skip() -> Option<Knot> {
@@ -187,6 +199,40 @@ fn dns_over_tls_is_served_with_the_blocks_certificate_through_its_cache() {
         client::kdig(agent.dot, &["+tcp", KUBERNETES, "A"]).is_err(),
         "a plain TCP query to a DNS-over-TLS port is not answered"
     );
+}
+
+#[test]
+fn a_reload_serves_a_rotated_certificate_to_new_connections() {
+    let _turn = crate::shared();
+    let Some(knot) = knot_or_skip() else { return };
+    let mut agent = Agent::start(knot.addr(), &[]);
+    let reply = agent.kdig(agent.dot, &[KUBERNETES, "A"]).unwrap();
+    assert_eq!(kubernetes_a(&reply), ["10.96.0.1"]);
+    // A certificate from another CA, written over the files the `tls` directives name.
+    let rotated = Pki::new("nodedns rotated CA").unwrap();
+    let files = rotated
+        .server("agent", &[NAME, "127.0.0.1"], false)
+        .unwrap();
+    std::fs::copy(&files.key, &agent.cert.key).unwrap();
+    std::fs::copy(&files.cert, &agent.cert.cert).unwrap();
+    agent
+        .process
+        .signal(nix::sys::signal::Signal::SIGHUP)
+        .unwrap();
+    agent
+        .process
+        .wait_output("configuration reloaded", Duration::from_secs(10))
+        .unwrap();
+    for (addr, args) in [(agent.dot, &[][..]), (agent.doh, &["+https"][..])] {
+        let mut all = args.to_vec();
+        all.extend([KUBERNETES, "A"]);
+        let reply = kdig_trusting(&rotated, addr, &all).unwrap();
+        assert_eq!(kubernetes_a(&reply), ["10.96.0.1"], "{addr}: {}", reply.raw);
+        assert!(
+            agent.kdig(addr, &all).is_err(),
+            "{addr}: the old CA no longer verifies what is served"
+        );
+    }
 }
 
 #[test]
