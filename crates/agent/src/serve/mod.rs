@@ -3,7 +3,10 @@
 //! - [`udp`]: one blocking OS thread per listen address and worker, each with its own
 //!   `SO_REUSEPORT` socket, reading and answering in batches (`recvmmsg`/`sendmmsg`). Cache hits
 //!   never leave that thread and never touch the async runtime.
-//! - [`tcp`]: tokio tasks, one per client connection, pipelined.
+//! - [`tcp`]: tokio tasks, one per client connection, pipelined; DNS over TLS (`tls://` blocks
+//!   with `tls`) is the same with a TLS handshake in front.
+//! - [`https`]: DNS over HTTPS (RFC 8484) for `https://` blocks, HTTP/2 and HTTP/1.1 (cleartext
+//!   HTTP/1.1 without `tls`), each request answered through the pipeline as a TCP query is.
 //! - [`pipeline`]: what both share: parse, route, cache lookup, and for misses the async path
 //!   (single-flight, upstream, insert, answer every waiter); then, for every answer, count it,
 //!   add it to its client's figures ([`crate::clients`]), tap it ([`crate::dnstap`]) and log

@@ -1,4 +1,6 @@
-//! TCP listeners (RFC 7766): one task per client connection.
+//! TCP listeners (RFC 7766): one task per client connection. A DNS-over-TLS listener (RFC 7858)
+//! is one with a TLS handshake in front (within the idle timeout, after the connection is
+//! admitted); the connection is then served as any other, over the TLS stream ([`Stream`]).
 //!
 //! A connection may carry many queries back to back (pipelining); each is answered as soon as it
 //! can be, so answers may leave out of order (RFC 7766 §7). The reader and the writer are separate
