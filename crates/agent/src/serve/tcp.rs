@@ -795,6 +795,146 @@ mod tests {
         assert_eq!(closed(&a, "queue_full"), 0);
     }
 
+    /// The pipeline's state for one block on `listen` that forwards nowhere (every query is
+    /// answered at once: SERVFAIL at the end of the chain).
+    fn serving(listen: SocketAddr) -> Arc<Shared> {
+        let config = crate::config::Config {
+            servers: vec![crate::config::Server {
+                zones: vec![".".to_owned()],
+                listen: vec![listen],
+                cache: None,
+                forward: None,
+                log: Vec::new(),
+                errors: false,
+                loop_check: false,
+                dnstap: Vec::new(),
+                chain: Default::default(),
+                scheme: crate::config::Scheme::Tls,
+                tls: None,
+            }],
+            ..Default::default()
+        };
+        let metrics = Arc::new(crate::metrics::Metrics::new(&[listen], true));
+        let upstream_metrics = nodedns_upstream::Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        let snapshot = super::super::Snapshot::build(
+            Arc::new(config),
+            None,
+            &upstream_metrics,
+            &Default::default(),
+            &metrics,
+            &Default::default(),
+        )
+        .unwrap();
+        Arc::new(Shared::new(
+            snapshot,
+            metrics,
+            Default::default(),
+            Default::default(),
+        ))
+    }
+
+    /// A self-signed certificate for `dns.test`: the server's configuration, and a client's
+    /// that trusts it.
+    fn tls_pair() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["dns.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// A query for `name.` A with `id`, framed.
+    fn framed_query(id: u16) -> Vec<u8> {
+        let mut q = vec![0, 0, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q[..2].copy_from_slice(&id.to_be_bytes());
+        q.extend_from_slice(b"\x04name\x00\x00\x01\x00\x01");
+        let mut framed = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
+        framed.extend(q);
+        framed
+    }
+
+    #[tokio::test]
+    async fn a_tls_client_is_answered_and_one_that_does_not_read_is_cut_off() {
+        let (server, client) = tls_pair();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let local = listener.local_addr().unwrap();
+        let shared = serving(local);
+        let connections = Arc::new(Connections::new(16, 0));
+        let limits = Limits {
+            write_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(run(
+            shared,
+            listener,
+            local,
+            limits,
+            connections.clone(),
+            stopped,
+            Some(server),
+        ));
+        let connector = tokio_rustls::TlsConnector::from(client);
+        let name = rustls::pki_types::ServerName::try_from("dns.test").unwrap();
+
+        // A client that reads gets its answer over TLS.
+        let tcp = TcpStream::connect(local).await.unwrap();
+        let mut tls = connector.connect(name.clone(), tcp).await.unwrap();
+        tls.write_all(&framed_query(7)).await.unwrap();
+        let mut len = [0u8; 2];
+        tls.read_exact(&mut len).await.unwrap();
+        let mut answer = vec![0; usize::from(u16::from_be_bytes(len))];
+        tls.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer[..2], &7u16.to_be_bytes(), "its ID");
+        assert_eq!(answer[2] & 0x80, 0x80, "a response");
+        drop(tls);
+
+        // One that only writes fills its buffers: the stalled write ends the connection, and the
+        // client's writes fail.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let tcp = socket.connect(local).await.unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let queries: Vec<u8> = (0..512u16).flat_map(framed_query).collect();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(err) = tls.write_all(&queries).await {
+                    return err;
+                }
+            }
+        })
+        .await
+        .expect("the connection ends");
+        assert!(
+            matches!(
+                ended.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ),
+            "{ended}"
+        );
+        assert_eq!(connections.metrics().closed_count("write_timeout"), 1);
+    }
+
     #[test]
     fn the_total_cap_holds_whatever_the_clients() {
         let connections = Arc::new(Connections::new(3, 0));
