@@ -81,17 +81,7 @@ impl Agent {
         let dir = TempDir::new("nodedns-serve-tls").unwrap();
         std::fs::write(dir.path().join("Corefile"), &corefile).unwrap();
         std::fs::write(dir.path().join("resolv.conf"), "nameserver 192.0.2.53\n").unwrap();
-        let mut command = Command::new(nodedns_bin());
-        command
-            .arg("run")
-            .arg("--conf")
-            .arg(dir.path().join("Corefile"))
-            .arg("--resolv-conf")
-            .arg(dir.path().join("resolv.conf"))
-            .arg("--no-setup")
-            .args(args)
-            .env_remove("NODEDNS_HANDOFF_DIR");
-        let mut process = Process::spawn("nodedns", command).unwrap();
+        let mut process = spawn(&dir, "nodedns", args);
         process
             .wait_output("serving DNS (UDP, TCP)", Duration::from_secs(15))
             .unwrap();
@@ -129,6 +119,21 @@ impl Agent {
             r#"coredns_dns_requests_total{{server="{server}",zone=".",view="",proto="tcp""#
         ))
     }
+}
+
+/// `nodedns run` on the Corefile in `dir`, with `args`.
+fn spawn(dir: &TempDir, name: &str, args: &[&str]) -> Process {
+    let mut command = Command::new(nodedns_bin());
+    command
+        .arg("run")
+        .arg("--conf")
+        .arg(dir.path().join("Corefile"))
+        .arg("--resolv-conf")
+        .arg(dir.path().join("resolv.conf"))
+        .arg("--no-setup")
+        .args(args)
+        .env_remove("NODEDNS_HANDOFF_DIR");
+    Process::spawn(name, command).unwrap()
 }
 
 /// `kdig` against `server` with `args`, trusting `pki`'s CA for TLS.
@@ -233,6 +238,48 @@ fn a_reload_serves_a_rotated_certificate_to_new_connections() {
             "{addr}: the old CA no longer verifies what is served"
         );
     }
+}
+
+#[test]
+fn an_upgrade_hands_the_tls_and_https_listeners_to_the_new_instance() {
+    let _turn = crate::shared();
+    let Some(knot) = knot_or_skip() else { return };
+    let handoff = TempDir::new("nodedns-serve-tls-handoff").unwrap();
+    let handoff_dir = handoff.path().display().to_string();
+    let args = ["--handoff-dir", handoff_dir.as_str(), "--threads", "1"];
+    let mut old = Agent::start(knot.addr(), &args);
+    let mut new = spawn(&old._dir, "nodedns-new", &args);
+    new.wait_output("took the listening sockets over", Duration::from_secs(15))
+        .unwrap();
+    old.process
+        .wait_output("handed the listening sockets over", Duration::from_secs(5))
+        .unwrap();
+    // Every socket came from the old instance: one UDP and one TCP for dns://, one listener
+    // each for the others, the metrics and node-cache's metrics listeners.
+    let took = new
+        .output()
+        .lines()
+        .find(|l| l.contains("took the listening sockets over"))
+        .unwrap()
+        .to_owned();
+    assert!(
+        took.contains("inherited=8") && took.contains("bound=0"),
+        "{took}"
+    );
+    // The old instance is gone; the new one answers on every transport.
+    old.process.stop();
+    let dot = old.kdig(old.dot, &[KUBERNETES, "A"]).unwrap();
+    assert_eq!(kubernetes_a(&dot), ["10.96.0.1"], "{}", dot.raw);
+    let doh = old.kdig(old.doh, &["+https", KUBERNETES, "A"]).unwrap();
+    assert_eq!(kubernetes_a(&doh), ["10.96.0.1"], "{}", doh.raw);
+    let tcp = client::kdig(old.tcp, &["+tcp", KUBERNETES, "A"]).unwrap();
+    assert_eq!(kubernetes_a(&tcp), ["10.96.0.1"], "{}", tcp.raw);
+    let (status, _) = http_get(old.http, "/dns-query").unwrap();
+    assert_eq!(
+        status, 400,
+        "the cleartext DoH listener, served by the new instance"
+    );
+    assert!(new.exited().is_none(), "{}", new.output());
 }
 
 #[test]
