@@ -461,7 +461,7 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 
 /// A stream whose write fails once it has waited `limit` for the client to read (a response
 /// the client never reads would otherwise hold the connection forever).
-struct Stalls<T> {
+pub(crate) struct Stalls<T> {
     inner: T,
     limit: Duration,
     /// Armed while a write waits; cleared when one goes through.
@@ -469,7 +469,7 @@ struct Stalls<T> {
 }
 
 impl<T> Stalls<T> {
-    fn new(inner: T, limit: Duration) -> Self {
+    pub(crate) fn new(inner: T, limit: Duration) -> Self {
         Stalls {
             inner,
             limit,

@@ -40,6 +40,7 @@ mod blackbox_plugins;
 mod blackbox_ready;
 mod blackbox_reload;
 mod blackbox_replies;
+mod blackbox_serve_tls;
 mod blackbox_stale;
 mod blackbox_tls;
 mod blackbox_transfers;

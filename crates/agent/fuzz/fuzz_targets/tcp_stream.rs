@@ -101,6 +101,7 @@ fn world() -> &'static World {
                 },
                 Arc::new(tcp::Connections::new(1024, 0)),
                 stopped,
+                None,
             ));
         });
         World {

@@ -31,7 +31,8 @@ pub(super) struct Handover {
     pub generation: Option<Generation>,
     /// The host plumbing, kept only while this instance serves.
     pub host: Option<HostHandle>,
-    pub dns_addrs: BTreeSet<SocketAddr>,
+    /// Every address DNS is served on, with how.
+    pub endpoints: BTreeMap<SocketAddr, serve::Endpoint>,
     /// Each admin address, with what it serves.
     pub admin_addrs: BTreeMap<SocketAddr, admin::Roles>,
     pub threads: usize,
@@ -80,8 +81,8 @@ impl Handover {
         if let Some(pidfile) = &self.pidfile {
             pidfile.write();
         }
-        for addr in self.dns_addrs.iter().filter(|_| !self.quiet) {
-            tracing::info!(%addr, "serving DNS (UDP, TCP)");
+        for (addr, endpoint) in self.endpoints.iter().filter(|_| !self.quiet) {
+            tracing::info!(%addr, "serving {}", endpoint.describe());
         }
         for (addr, roles) in self.admin_addrs.iter().filter(|_| !self.quiet) {
             tracing::info!(%addr, "serving {roles}");
@@ -253,7 +254,7 @@ impl Handover {
                     sockets
                 };
                 self.listeners =
-                    Listeners::open(&self.dns_addrs, &self.admin_addrs, self.threads, sockets)?.0;
+                    Listeners::open(&self.endpoints, &self.admin_addrs, self.threads, sockets)?.0;
                 self.generation = Some(self.spawn()?);
                 self.warm_from_stream().await;
                 self.handoff.resumed().await?;
@@ -334,7 +335,13 @@ impl Handover {
             .filter(|s| s.kind == handoff::Kind::Udp)
             .map(|s| s.as_fd())
             .collect();
-        serve::sibling::step_aside(&udp, &self.dns_addrs, limit).await
+        let addrs: BTreeSet<SocketAddr> = self
+            .endpoints
+            .iter()
+            .filter(|(_, e)| matches!(e, serve::Endpoint::Dns))
+            .map(|(a, _)| *a)
+            .collect();
+        serve::sibling::step_aside(&udp, &addrs, limit).await
     }
 }
 

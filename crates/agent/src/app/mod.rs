@@ -31,7 +31,7 @@ mod reload;
 mod settings;
 mod shutdown;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,13 +100,15 @@ impl admin::Source for State {
     }
 }
 
-/// Every address DNS is served on.
-fn listen_addrs(config: &Config) -> BTreeSet<SocketAddr> {
-    config
-        .servers
-        .iter()
-        .flat_map(|s| s.listen.iter().copied())
-        .collect()
+/// Every address DNS is served on, with its blocks' scheme (the `server` label).
+fn listen_schemes(config: &Config) -> Vec<(SocketAddr, &'static str)> {
+    let mut out: BTreeMap<SocketAddr, &'static str> = BTreeMap::new();
+    for server in &config.servers {
+        for addr in &server.listen {
+            out.entry(*addr).or_insert(server.scheme.as_str());
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// The agent, built: every socket bound, the host plumbing in place, nothing served yet.
@@ -153,11 +155,9 @@ impl App {
 
         log_warnings(&config);
         let config = Arc::new(config);
-        let dns_addrs = listen_addrs(&config);
-        let metrics = Arc::new(Metrics::new(
-            &dns_addrs.iter().copied().collect::<Vec<_>>(),
-            counting,
-        ));
+        let endpoints = crate::serve::endpoints(&config);
+        let schemes = listen_schemes(&config);
+        let metrics = Arc::new(Metrics::with_schemes(&schemes, counting));
         let taps = Arc::new(dnstap::Metrics::default());
         let snapshot = Snapshot::build(
             config.clone(),
@@ -202,7 +202,7 @@ impl App {
             log,
         });
         let admin_addrs = admin::addresses(&config, cli_mode);
-        let (listeners, opened) = Listeners::open(&dns_addrs, &admin_addrs, threads, inherited)?;
+        let (listeners, opened) = Listeners::open(&endpoints, &admin_addrs, threads, inherited)?;
         let handover = Handover {
             handoff,
             listeners,
@@ -213,7 +213,7 @@ impl App {
             },
             generation: None,
             host,
-            dns_addrs,
+            endpoints,
             admin_addrs,
             threads,
             shared: shared.clone(),
@@ -388,7 +388,15 @@ pub fn summary(settings: &Settings) -> String {
     let config = &settings.config;
     let mut out = String::new();
     for server in &config.servers {
-        let listen: Vec<String> = server.listen.iter().map(|a| a.to_string()).collect();
+        let listen: Vec<String> = server
+            .listen
+            .iter()
+            .map(|a| match (server.scheme, &server.tls) {
+                (crate::config::Scheme::Dns, _) => a.to_string(),
+                (scheme, Some(_)) => format!("{}://{a}", scheme.as_str()),
+                (scheme, None) => format!("{}://{a} (without tls)", scheme.as_str()),
+            })
+            .collect();
         let upstream = server.forward.as_ref().map_or_else(
             || "no forward (REFUSED)".to_string(),
             |f| {

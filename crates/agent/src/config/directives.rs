@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::corefile::{Block, Directive, Word};
-use super::{Difference, Problem, Server, compat, values};
+use super::{Difference, Problem, Scheme, Server, compat, values};
 use crate::plugin;
 
 /// What the directives read besides the file itself.
@@ -176,26 +176,53 @@ pub(crate) fn interpret(blocks: &[Block], ctx: &Ctx<'_>, problems: &mut Vec<Prob
     parsed
 }
 
-/// `zone[:port]` keys → canonical zones and the block's port.
-fn keys(block: &Block, ctx: &Ctx<'_>, out: &mut Out<'_>) -> (Vec<String>, Option<u16>) {
+/// `[scheme://]zone[:port]` keys → canonical zones, the block's port and its scheme. A key
+/// without a port is on the scheme's port: `-dns.port` for `dns://`, 853 for `tls://`, 443 for
+/// `https://` (CoreDNS's defaults).
+fn keys(block: &Block, ctx: &Ctx<'_>, out: &mut Out<'_>) -> (Vec<String>, Option<u16>, Scheme) {
     let mut zones = Vec::new();
     let mut port: Option<u16> = None;
+    let mut scheme: Option<Scheme> = None;
     for key in &block.keys {
         let text = key.text.as_str();
-        let text = match text.split_once("://") {
-            Some(("dns", rest)) => rest,
-            Some((scheme, _)) => {
+        let (this, text) = match text.split_once("://") {
+            Some(("dns", rest)) => (Scheme::Dns, rest),
+            Some(("tls", rest)) => (Scheme::Tls, rest),
+            Some(("https", rest)) => (Scheme::Https, rest),
+            Some((other, _)) => {
                 out.err(
                     key.line,
-                    format!("`{text}`: {scheme}:// server blocks are not implemented (nodedns serves plain DNS)"),
+                    format!(
+                        "`{text}`: {other}:// server blocks are not implemented (nodedns serves \
+                         dns://, tls:// and https://)"
+                    ),
                 );
                 continue;
             }
-            None => text,
+            None => (Scheme::Dns, text),
         };
+        match scheme {
+            None => scheme = Some(this),
+            Some(first) if first != this => {
+                out.err(
+                    key.line,
+                    format!(
+                        "`{text}`: a block's keys all have one scheme; this block's first is \
+                         {}://",
+                        first.as_str()
+                    ),
+                );
+                continue;
+            }
+            Some(_) => {}
+        }
         let (zone_text, port_text) = super::corefile::split_port(text);
         let p = match port_text.map(str::parse::<u16>) {
-            None => ctx.dns_port,
+            None => match this {
+                Scheme::Dns => ctx.dns_port,
+                Scheme::Tls => 853,
+                Scheme::Https => 443,
+            },
             Some(Ok(p)) => p,
             Some(Err(_)) => {
                 out.err(
@@ -213,7 +240,7 @@ fn keys(block: &Block, ctx: &Ctx<'_>, out: &mut Out<'_>) -> (Vec<String>, Option
             Err(e) => out.err(key.line, format!("server block zone {e}")),
         }
     }
-    (zones, port)
+    (zones, port, scheme.unwrap_or_default())
 }
 
 fn server_block(
@@ -222,7 +249,7 @@ fn server_block(
     parsed: &mut Parsed,
     out: &mut Out<'_>,
 ) -> Option<Server> {
-    let (zones, port) = keys(block, ctx, out);
+    let (zones, port, scheme) = keys(block, ctx, out);
     let mut bind: Vec<IpAddr> = Vec::new();
     let mut bind_written = false;
     let mut server = Server {
@@ -235,6 +262,8 @@ fn server_block(
         loop_check: false,
         dnstap: Vec::new(),
         chain: crate::plugin::Chain::default(),
+        scheme,
+        tls: None,
     };
     let mut seen: Vec<(&str, usize)> = Vec::new();
     for d in &block.directives {
@@ -293,6 +322,16 @@ fn server_block(
             "hosts" => server.chain.hosts = plugin::hosts::parse(d, &zones, out),
             "whoami" => server.chain.whoami = plugin::whoami::parse(d, out),
             "loop" => server.loop_check = plugin::r#loop::parse(d, out),
+            "tls" => match scheme {
+                Scheme::Tls => server.tls = plugin::tls::parse(d, &[], out),
+                Scheme::Https => server.tls = plugin::tls::parse(d, &plugin::tls::HTTPS_ALPN, out),
+                Scheme::Dns => out.warn(
+                    d.line,
+                    "tls has no effect in a dns:// block (as in CoreDNS): it serves plain DNS; \
+                     write the block's key as tls://ZONE or https://ZONE"
+                        .to_owned(),
+                ),
+            },
             other => out.err(
                 d.line,
                 format!(

@@ -127,6 +127,35 @@ pub struct Server {
     pub dnstap: Vec<Dnstap>,
     /// The plugins after the cache other than `forward` (`hosts`, `whoami`), in chain order.
     pub chain: crate::plugin::Chain,
+    /// How its queries arrive: the scheme of its keys (`dns://`, `tls://`, `https://`).
+    pub scheme: Scheme,
+    /// `tls CERT KEY [CA]`: the certificate a `tls://` or `https://` block serves with. `None`:
+    /// the block is served unencrypted, as CoreDNS serves it (`tls://` as plain DNS over TCP,
+    /// `https://` as HTTP/1.1 in cleartext).
+    pub tls: Option<crate::plugin::tls::Settings>,
+}
+
+/// The scheme of a server block's keys: how clients reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
+pub enum Scheme {
+    /// `dns://` or none: DNS over UDP and TCP.
+    #[default]
+    Dns,
+    /// `tls://`: DNS over TLS (RFC 7858), or over plain TCP without a `tls` directive.
+    Tls,
+    /// `https://`: DNS over HTTPS (RFC 8484), or over cleartext HTTP without `tls`.
+    Https,
+}
+
+impl Scheme {
+    /// As written before `://` (and in CoreDNS's `server` metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Dns => "dns",
+            Scheme::Tls => "tls",
+            Scheme::Https => "https",
+        }
+    }
 }
 
 /// A `forward` directive.
@@ -215,15 +244,22 @@ impl Config {
     /// What differs between `self` (running) and `next` that a reload cannot apply: sockets
     /// already bound. Empty when `next` can be swapped in completely.
     pub fn restart_needed(&self, next: &Config) -> Vec<String> {
+        // Each address with its transport: a socket is bound for one.
         let listen = |c: &Config| {
-            let mut all: Vec<SocketAddr> = c
+            let mut all: Vec<(SocketAddr, Scheme, bool)> = c
                 .servers
                 .iter()
-                .flat_map(|s| s.listen.iter().copied())
+                .flat_map(|s| s.listen.iter().map(|a| (*a, s.scheme, s.tls.is_some())))
                 .collect();
             all.sort();
             all.dedup();
-            all
+            all.into_iter()
+                .map(|(addr, scheme, tls)| match (scheme, tls) {
+                    (Scheme::Dns, _) => addr.to_string(),
+                    (_, false) => format!("{}://{addr} (without tls)", scheme.as_str()),
+                    (_, true) => format!("{}://{addr}", scheme.as_str()),
+                })
+                .collect::<Vec<_>>()
         };
         let mut out = Vec::new();
         let (old, new) = (listen(self), listen(next));
@@ -836,6 +872,8 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
         loop_check: false,
         dnstap: Vec::new(),
         chain: crate::plugin::Chain::default(),
+        scheme: Scheme::Dns,
+        tls: None,
     };
     if let Err(e) = server
         .cache
@@ -945,7 +983,7 @@ fn apply_kubedns(
     let listen: Vec<SocketAddr> = if args.local_ip.is_empty() {
         servers
             .iter()
-            .find(|p| p.server.zones.iter().any(|z| z == "."))
+            .find(|p| p.server.scheme == Scheme::Dns && p.server.zones.iter().any(|z| z == "."))
             .map(|p| p.server.listen.clone())
             .unwrap_or_default()
     } else {
@@ -982,6 +1020,8 @@ fn apply_kubedns(
                 loop_check: false,
                 dnstap: Vec::new(),
                 chain: crate::plugin::Chain::default(),
+                scheme: Scheme::Dns,
+                tls: None,
             },
             origin: format!("{origin} ({zone})"),
         });
@@ -1027,6 +1067,25 @@ fn check_duplicates(servers: &[Placed], problems: &mut Vec<Problem>) {
             let Some(addr) = overlap(&a.server.listen, &b.server.listen) else {
                 continue;
             };
+            // One address, one way of reading it: a socket serves one transport.
+            let how = |s: &Server| match (s.scheme, s.tls.is_some()) {
+                (Scheme::Dns, _) => "dns://",
+                (Scheme::Tls, false) => "tls:// without tls (plain DNS over TCP)",
+                (Scheme::Tls, true) => "tls://",
+                (Scheme::Https, false) => "https:// without tls (cleartext HTTP)",
+                (Scheme::Https, true) => "https://",
+            };
+            if how(&a.server) != how(&b.server) {
+                problems.push(Problem::general(format!(
+                    "{addr} is served as {} by {} and as {} by {}: one address serves one \
+                     transport; give the blocks different ports",
+                    how(&a.server),
+                    a.origin,
+                    how(&b.server),
+                    b.origin
+                )));
+                continue;
+            }
             for zone in a.server.zones.iter().filter(|z| b.server.zones.contains(z)) {
                 problems.push(Problem::general(format!(
                     "zone `{zone}` is served twice on {addr}: by {} and by {}",

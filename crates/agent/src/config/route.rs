@@ -156,6 +156,8 @@ mod tests {
             loop_check: false,
             dnstap: Vec::new(),
             chain: Default::default(),
+            scheme: Default::default(),
+            tls: None,
         }
     }
 

@@ -452,17 +452,137 @@ fn keys_take_zones_ports_schemes_and_cidrs() {
 #[test]
 fn bad_keys_are_errors_with_their_lines() {
     let errs = errs(
-        "tls://example.org {\n}\na.example:53 b.example:54 {\n}\nc.example:99999 {\n}\nd..example {\n}\ne.example e.example {\n}\n10.0.0.0/12 {\n}\n",
+        "grpc://example.org {\n}\na.example:53 b.example:54 {\n}\nc.example:99999 {\n}\nd..example {\n}\ne.example e.example {\n}\n10.0.0.0/12 {\n}\n",
     );
     assert_errs(
         &errs,
         &[
-            (1, "tls:// server blocks are not implemented"),
+            (1, "grpc:// server blocks are not implemented"),
             (5, "port is not a number"),
             (7, "empty label"),
             (9, "listed twice"),
             (11, "label boundaries"),
         ],
+    );
+}
+
+#[test]
+fn tls_and_https_keys_take_their_scheme_and_its_default_port() {
+    let c = ok(&format!(
+        "tls://.:8853 {{\n  bind {LOCAL}\n}}\ntls://example.org {{\n  bind {LOCAL}\n}}\n\
+         https://example.net {{\n  bind {LOCAL}\n}}\ndns://example.com {{\n  bind {LOCAL}\n}}\n"
+    ));
+    let got: Vec<_> = c
+        .servers
+        .iter()
+        .map(|s| (s.scheme, s.listen.clone(), s.tls.is_some()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Scheme::Tls, vec![addr("169.254.20.10:8853")], false),
+            (Scheme::Tls, vec![addr("169.254.20.10:853")], false),
+            (Scheme::Https, vec![addr("169.254.20.10:443")], false),
+            (Scheme::Dns, vec![addr("169.254.20.10:53")], false),
+        ]
+    );
+}
+
+#[test]
+fn a_tls_directive_loads_the_certificate_the_block_serves_with() {
+    let dir = TempDir::new("server-tls");
+    let (ca, cert, key) = tls_files(&dir);
+    let (ca, cert, key) = (ca.display(), cert.display(), key.display());
+    let c = ok(&format!(
+        "tls://.:853 {{\n  bind {LOCAL}\n  tls {cert} {key}\n}}\n\
+         https://.:443 {{\n  bind {LOCAL}\n  tls {cert} {key} {ca} {{\n    client_auth require_and_verify\n  }}\n}}\n"
+    ));
+    let dot = c.servers[0]
+        .tls
+        .as_ref()
+        .expect("tls:// has its certificate");
+    assert_eq!(dot.client_auth, crate::plugin::tls::ClientAuth::None);
+    assert!(dot.config.alpn_protocols.is_empty(), "RFC 7858: no ALPN");
+    let doh = c.servers[1]
+        .tls
+        .as_ref()
+        .expect("https:// has its certificate");
+    assert_eq!(doh.client_auth, crate::plugin::tls::ClientAuth::Require);
+    assert_eq!(
+        doh.config.alpn_protocols,
+        [b"h2".to_vec(), b"http/1.1".to_vec()]
+    );
+    // The same files load equal settings (a reload that reads them again changes nothing).
+    let again = ok(&format!(
+        "tls://.:853 {{\n  bind {LOCAL}\n  tls {cert} {key}\n}}\n\
+         https://.:443 {{\n  bind {LOCAL}\n  tls {cert} {key} {ca} {{\n    client_auth require_and_verify\n  }}\n}}\n"
+    ));
+    assert_eq!(c.servers, again.servers);
+}
+
+#[test]
+fn server_tls_errors_are_all_reported_with_their_lines() {
+    let dir = TempDir::new("server-tls-errors");
+    let (ca, cert, key) = tls_files(&dir);
+    let (ca, cert, key) = (ca.display(), cert.display(), key.display());
+    let errs = errs(&format!(
+        "tls://a.example {{\n  bind {LOCAL}\n  tls {cert}\n}}\n\
+         tls://b.example:854 {{\n  bind {LOCAL}\n  tls /nonexistent/cert.pem {key}\n}}\n\
+         tls://c.example:855 {{\n  bind {LOCAL}\n  tls {cert} {key} {{\n    client_auth require_and_verify\n  }}\n}}\n\
+         tls://d.example:856 {{\n  bind {LOCAL}\n  tls {cert} {key} {ca} {{\n    client_auth request\n    ocsp on\n  }}\n}}\n\
+         tls://e.example:857 {{\n  bind {LOCAL}\n  tls {cert} {cert}\n}}\n\
+         tls://f.example:858 https://g.example:858 {{\n  bind {LOCAL}\n}}\n"
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (3, "tls: expected `tls CERT KEY [CA]`, got 1 argument(s)"),
+            (7, "tls: cannot read the certificate /nonexistent/cert.pem"),
+            (
+                11,
+                "client_auth that verifies client certificates needs the CA argument",
+            ),
+            (
+                18,
+                "client_auth request asks for a client certificate and does not verify it",
+            ),
+            (19, "tls: unknown option `ocsp`"),
+            (24, "holds no private key"),
+            (26, "a block's keys all have one scheme"),
+        ],
+    );
+}
+
+#[test]
+fn one_address_serves_one_transport() {
+    let errs = errs(&format!(
+        ".:853 {{\n  bind {LOCAL}\n}}\ntls://example.org:853 {{\n  bind {LOCAL}\n}}\n"
+    ));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains(
+            "169.254.20.10:853 is served as dns:// by Corefile:1 and as tls:// without tls"
+        ),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn tls_in_a_dns_block_is_a_warning() {
+    let dir = TempDir::new("server-tls-dns");
+    let (_, cert, key) = tls_files(&dir);
+    let c = ok(&block(&format!(
+        "    tls {} {}",
+        cert.display(),
+        key.display()
+    )));
+    assert!(c.servers[0].tls.is_none());
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("Corefile:3: tls has no effect in a dns:// block")),
+        "{:?}",
+        c.warnings
     );
 }
 

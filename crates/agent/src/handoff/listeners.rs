@@ -2,7 +2,7 @@
 //! and a [`Generation`]: the workers and tasks serving them, which can be stopped (after a
 //! hand-over) and started again on the same sockets (after a take-back).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -13,7 +13,7 @@ use socket2::{SockRef, Type};
 use tokio::sync::watch;
 
 use crate::admin;
-use crate::serve::{Shared, tcp, udp};
+use crate::serve::{Endpoint, Shared, https, tcp, udp};
 
 /// What a listening socket serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,6 +22,10 @@ pub enum Kind {
     Udp,
     /// DNS over TCP: one listener per address.
     Tcp,
+    /// DNS over TLS: one listener per address.
+    Tls,
+    /// DNS over HTTPS (or cleartext HTTP): one listener per address.
+    Https,
     /// `/health`, `/ready`, `/metrics`.
     Admin,
 }
@@ -31,6 +35,8 @@ impl Kind {
         match self {
             Kind::Udp => "udp",
             Kind::Tcp => "tcp",
+            Kind::Tls => "tls",
+            Kind::Https => "https",
             Kind::Admin => "admin",
         }
     }
@@ -39,6 +45,8 @@ impl Kind {
         match name {
             "udp" => Some(Kind::Udp),
             "tcp" => Some(Kind::Tcp),
+            "tls" => Some(Kind::Tls),
+            "https" => Some(Kind::Https),
             "admin" => Some(Kind::Admin),
             _ => None,
         }
@@ -47,7 +55,7 @@ impl Kind {
     fn socket_type(self) -> Type {
         match self {
             Kind::Udp => Type::DGRAM,
-            Kind::Tcp | Kind::Admin => Type::STREAM,
+            Kind::Tcp | Kind::Tls | Kind::Https | Kind::Admin => Type::STREAM,
         }
     }
 }
@@ -129,6 +137,18 @@ pub struct Listeners {
     /// What each admin address serves (this instance's configuration decides, whoever bound
     /// the socket).
     admin: BTreeMap<SocketAddr, admin::Roles>,
+    /// How each DNS address is served (its TLS configuration, as this instance loaded it).
+    dns: BTreeMap<SocketAddr, Endpoint>,
+}
+
+/// The kinds of socket an endpoint is served on.
+fn kinds(endpoint: &Endpoint) -> &'static [Kind] {
+    match endpoint {
+        Endpoint::Dns => &[Kind::Udp, Kind::Tcp],
+        Endpoint::Tcp => &[Kind::Tcp],
+        Endpoint::Tls(_) => &[Kind::Tls],
+        Endpoint::Https(_) => &[Kind::Https],
+    }
 }
 
 /// How [`Listeners::open`] came by its sockets (for the log).
@@ -149,7 +169,7 @@ impl Listeners {
     /// address). Binding everything before serving anything, so a bad address fails start-up
     /// whole.
     pub fn open(
-        dns: &BTreeSet<SocketAddr>,
+        dns: &BTreeMap<SocketAddr, Endpoint>,
         admin: &BTreeMap<SocketAddr, admin::Roles>,
         threads: usize,
         inherited: Vec<Socket>,
@@ -157,7 +177,9 @@ impl Listeners {
         let mut opened = Opened::default();
         let mut sockets = Vec::new();
         let wanted = |s: &Socket| match s.kind {
-            Kind::Udp | Kind::Tcp => dns.contains(&s.addr),
+            Kind::Udp | Kind::Tcp | Kind::Tls | Kind::Https => dns
+                .get(&s.addr)
+                .is_some_and(|endpoint| kinds(endpoint).contains(&s.kind)),
             Kind::Admin => admin.contains_key(&s.addr),
         };
         for socket in inherited {
@@ -172,21 +194,30 @@ impl Listeners {
             sockets.iter().any(|s| s.kind == kind && s.addr == addr)
         };
         let mut bound = Vec::new();
-        for &addr in dns {
-            if !has(&sockets, Kind::Udp, addr) {
-                for _ in 0..threads.max(1) {
-                    let socket = udp::bind(addr).map_err(ListenError::bind("UDP", addr))?;
-                    bound.push(Socket {
-                        kind: Kind::Udp,
-                        addr,
-                        fd: socket.into(),
-                    });
+        for (&addr, endpoint) in dns {
+            for &kind in kinds(endpoint) {
+                if has(&sockets, kind, addr) {
+                    continue;
                 }
-            }
-            if !has(&sockets, Kind::Tcp, addr) {
-                let listener = tcp::bind(addr).map_err(ListenError::bind("TCP", addr))?;
+                if kind == Kind::Udp {
+                    for _ in 0..threads.max(1) {
+                        let socket = udp::bind(addr).map_err(ListenError::bind("UDP", addr))?;
+                        bound.push(Socket {
+                            kind: Kind::Udp,
+                            addr,
+                            fd: socket.into(),
+                        });
+                    }
+                    continue;
+                }
+                let what = match kind {
+                    Kind::Tls => "TLS",
+                    Kind::Https => "HTTPS",
+                    _ => "TCP",
+                };
+                let listener = tcp::bind(addr).map_err(ListenError::bind(what, addr))?;
                 bound.push(Socket {
-                    kind: Kind::Tcp,
+                    kind,
                     addr,
                     fd: listener
                         .into_std()
@@ -211,7 +242,15 @@ impl Listeners {
         opened.bound = bound.len();
         sockets.extend(bound);
         let admin = admin.clone();
-        Ok((Listeners { sockets, admin }, opened))
+        let dns = dns.clone();
+        Ok((
+            Listeners {
+                sockets,
+                admin,
+                dns,
+            },
+            opened,
+        ))
     }
 
     pub fn sockets(&self) -> &[Socket] {
@@ -236,6 +275,7 @@ impl Listeners {
         Ok(Listeners {
             sockets,
             admin: self.admin.clone(),
+            dns: self.dns.clone(),
         })
     }
 
@@ -294,9 +334,13 @@ impl Generation {
                     workers += 1;
                     generation.udp_threads.push(thread);
                 }
-                Kind::Tcp => {
+                Kind::Tcp | Kind::Tls => {
                     let listener = tokio::net::TcpListener::from_std(fd.into())
                         .map_err(ListenError::serve("register TCP listener"))?;
+                    let tls = match listeners.dns.get(&addr) {
+                        Some(Endpoint::Tls(tls)) if socket.kind == Kind::Tls => Some(tls.clone()),
+                        _ => None,
+                    };
                     generation.tasks.push(tokio::spawn(tcp::run(
                         shared.clone(),
                         listener,
@@ -304,6 +348,24 @@ impl Generation {
                         limits,
                         connections.clone(),
                         stopped.clone(),
+                        tls,
+                    )));
+                }
+                Kind::Https => {
+                    let listener = tokio::net::TcpListener::from_std(fd.into())
+                        .map_err(ListenError::serve("register HTTPS listener"))?;
+                    let tls = match listeners.dns.get(&addr) {
+                        Some(Endpoint::Https(tls)) => tls.clone(),
+                        _ => None,
+                    };
+                    generation.tasks.push(tokio::spawn(https::run(
+                        shared.clone(),
+                        listener,
+                        addr,
+                        limits,
+                        connections.clone(),
+                        stopped.clone(),
+                        tls,
                     )));
                 }
                 Kind::Admin => {
@@ -351,7 +413,7 @@ mod tests {
     async fn open_binds_threads_udp_sockets_a_tcp_and_an_admin_listener() {
         let (dns, admin) = (loopback(), loopback());
         let (listeners, opened) = Listeners::open(
-            &[dns].into(),
+            &[(dns, Endpoint::Dns)].into(),
             &[(admin, admin::Roles::default())].into(),
             3,
             Vec::new(),
@@ -383,13 +445,90 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn tls_and_https_addresses_get_one_listener_of_their_kind_and_keep_it_across_a_hand_over()
+    {
+        let (dot, tcp_only, doh) = (loopback(), loopback(), loopback());
+        let endpoints: BTreeMap<SocketAddr, Endpoint> = [
+            (dot, Endpoint::Tls(test_tls())),
+            (tcp_only, Endpoint::Tcp),
+            (doh, Endpoint::Https(None)),
+        ]
+        .into();
+        let (old, opened) = Listeners::open(&endpoints, &BTreeMap::new(), 4, Vec::new()).unwrap();
+        assert_eq!(opened.bound, 3, "one listener each, no UDP socket");
+        // In address order (the map's).
+        let mut kinds: Vec<_> = old.sockets().iter().map(|s| (s.kind, s.addr)).collect();
+        kinds.sort_by_key(|(_, addr)| *addr);
+        let mut expected = [(Kind::Tls, dot), (Kind::Tcp, tcp_only), (Kind::Https, doh)];
+        expected.sort_by_key(|(_, addr)| *addr);
+        assert_eq!(kinds, expected);
+        // Received by the next instance under their kinds' names, they are served as they are.
+        let received: Vec<Socket> = old
+            .try_clone()
+            .unwrap()
+            .into_sockets()
+            .into_iter()
+            .map(|s| Socket::received(Kind::from_name(s.kind.name()).unwrap(), s.addr, s.fd))
+            .collect::<io::Result<_>>()
+            .unwrap();
+        let (new, opened) = Listeners::open(&endpoints, &BTreeMap::new(), 4, received).unwrap();
+        assert_eq!((opened.inherited, opened.bound, opened.unused), (3, 0, 0));
+        assert_eq!(new.sockets().len(), 3);
+        // An address whose transport changed keeps none of the old sockets: a plain TCP
+        // listener is not served as TLS.
+        let changed: BTreeMap<SocketAddr, Endpoint> =
+            [(tcp_only, Endpoint::Tls(test_tls()))].into();
+        let inherited = new.try_clone().unwrap().into_sockets();
+        let inherited: Vec<Socket> = inherited
+            .into_iter()
+            .filter(|s| s.addr == tcp_only)
+            .collect();
+        drop((old, new));
+        let (changed, opened) = Listeners::open(&changed, &BTreeMap::new(), 4, inherited).unwrap();
+        assert_eq!((opened.inherited, opened.bound, opened.unused), (0, 1, 1));
+        assert_eq!(changed.sockets()[0].kind, Kind::Tls);
+    }
+
+    /// A TLS configuration (its certificate is never presented here).
+    fn test_tls() -> Arc<rustls::ServerConfig> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["dns.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        Arc::new(config)
+    }
+
+    #[tokio::test]
     async fn inherited_sockets_are_served_as_they_are_and_unwanted_ones_are_dropped() {
         let (dns, gone) = (loopback(), loopback());
-        let (old, _) =
-            Listeners::open(&[dns, gone].into(), &BTreeMap::new(), 2, Vec::new()).unwrap();
+        let (old, _) = Listeners::open(
+            &[(dns, Endpoint::Dns), (gone, Endpoint::Dns)].into(),
+            &BTreeMap::new(),
+            2,
+            Vec::new(),
+        )
+        .unwrap();
         let inherited = old.try_clone().unwrap().into_sockets();
         // The new instance wants more workers, and no longer serves `gone`.
-        let (new, opened) = Listeners::open(&[dns].into(), &BTreeMap::new(), 8, inherited).unwrap();
+        let (new, opened) = Listeners::open(
+            &[(dns, Endpoint::Dns)].into(),
+            &BTreeMap::new(),
+            8,
+            inherited,
+        )
+        .unwrap();
         assert_eq!(
             opened,
             Opened {

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
+use crate::serve::Endpoint;
 
 struct Dir(PathBuf);
 
@@ -42,9 +43,14 @@ pub(super) fn free_addr() -> SocketAddr {
 }
 
 fn open(dns: SocketAddr, inherited: Vec<Socket>) -> Listeners {
-    Listeners::open(&[dns].into(), &BTreeMap::new(), 2, inherited)
-        .unwrap()
-        .0
+    Listeners::open(
+        &[(dns, Endpoint::Dns)].into(),
+        &BTreeMap::new(),
+        2,
+        inherited,
+    )
+    .unwrap()
+    .0
 }
 
 /// An instance that serves: started, listening on `dns`, accepting new instances.

@@ -22,7 +22,7 @@ use super::Metrics;
 use super::counters::{at, event};
 use super::labels::{
     CLASSES, PLUGINS, RCODES, SIZE_BOUNDS, SIZE_SLOTS, TIME_BOUNDS_NS, TIME_SLOTS, TRANSPORTS,
-    TYPES, UPSTREAM_ERRORS, rcode_label, server_label, type_label,
+    TYPES, UPSTREAM_ERRORS, rcode_label, scheme_label, type_label,
 };
 
 /// What one server block reports at scrape time, read from the running configuration.
@@ -30,6 +30,8 @@ use super::labels::{
 pub struct ZoneFigures {
     /// The block's listen addresses (the `server` label of its cache families).
     pub listen: Vec<SocketAddr>,
+    /// The block's scheme (`dns`, `tls`, `https`: the `server` label's).
+    pub scheme: &'static str,
     /// Its zones (the `zones` label, joined by commas).
     pub zones: Vec<String>,
     /// Its cache, if it has one.
@@ -116,7 +118,7 @@ impl Evictions {
             let server = zone
                 .listen
                 .first()
-                .map_or_else(String::new, |a| server_label(*a));
+                .map_or_else(String::new, |a| scheme_label(zone.scheme, *a));
             seen.insert(
                 cache.id,
                 (server, zone.zones.join(","), cache.stats.evictions),
@@ -473,7 +475,7 @@ fn encode_zones(
         let Some(cache) = &zone.cache else { continue };
         let stats = cache.stats;
         for listen in &zone.listen {
-            let server = server_label(*listen);
+            let server = scheme_label(zone.scheme, *listen);
             *entries
                 .entry((server.clone(), CLASSES[0], zones.clone()))
                 .or_default() += stats.success;
@@ -964,6 +966,7 @@ mod tests {
             vec![
                 ZoneFigures {
                     listen: listen.clone(),
+                    scheme: "dns",
                     zones: vec!["cluster.local.".to_owned(), "in-addr.arpa.".to_owned()],
                     cache: Some(CacheFigures {
                         id,
@@ -981,6 +984,7 @@ mod tests {
                 },
                 ZoneFigures {
                     listen: vec!["169.254.20.10:53".parse().unwrap()],
+                    scheme: "dns",
                     zones: vec![".".to_owned()],
                     cache: None,
                     fetches: 0,
@@ -1023,6 +1027,7 @@ mod tests {
         let exposition = Exposition::new(metrics, Vec::new);
         let zone = |id, evictions| ZoneFigures {
             listen: vec!["127.0.0.1:53".parse().unwrap()],
+            scheme: "dns",
             zones: vec![".".to_owned()],
             cache: Some(CacheFigures {
                 id,

@@ -166,12 +166,18 @@ pub(super) fn size_bucket(len: usize) -> usize {
         .unwrap_or(SIZE_SLOTS - 1)
 }
 
-/// The `server` label CoreDNS gives a listen address.
+/// The `server` label CoreDNS gives a `dns://` listen address.
 pub fn server_label(addr: SocketAddr) -> String {
+    scheme_label("dns", addr)
+}
+
+/// The `server` label CoreDNS gives a listen address of a block of `scheme` (`dns`, `tls`,
+/// `https`).
+pub fn scheme_label(scheme: &str, addr: SocketAddr) -> String {
     if addr.ip().is_unspecified() {
-        format!("dns://:{}", addr.port())
+        format!("{scheme}://:{}", addr.port())
     } else {
-        format!("dns://{addr}")
+        format!("{scheme}://{addr}")
     }
 }
 
@@ -285,6 +291,14 @@ mod tests {
             "dns://169.254.20.10:53"
         );
         assert_eq!(server_label("0.0.0.0:53".parse().unwrap()), "dns://:53");
+        assert_eq!(
+            scheme_label("tls", "169.254.20.10:853".parse().unwrap()),
+            "tls://169.254.20.10:853"
+        );
+        assert_eq!(
+            scheme_label("https", "[::]:443".parse().unwrap()),
+            "https://:443"
+        );
         assert_eq!(server_label("[::]:53".parse().unwrap()), "dns://:53");
         assert_eq!(
             server_label("[fd00::10]:53".parse().unwrap()),

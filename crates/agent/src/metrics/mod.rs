@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use counters::{Answer, CacheUse, Counters, Series, ZONE_SLOTS};
 pub use exposition::{CONTENT_TYPE, CacheFigures, Exposition, ZoneFigures, text};
-pub use labels::{Plugin, Transport, server_label};
+pub use labels::{Plugin, Transport, scheme_label, server_label};
 
 use counters::{DROPPED, OVERFLOW};
 use labels::{UNUSABLE_REPLY, UPSTREAM_ERRORS, upstream_error_kind};
@@ -127,11 +127,17 @@ impl Metrics {
     /// changing them needs a restart). Without `counting` the request path counts nothing (the
     /// families stay, empty).
     pub fn new(servers: &[SocketAddr], counting: bool) -> Self {
+        let servers: Vec<(SocketAddr, &str)> = servers.iter().map(|a| (*a, "dns")).collect();
+        Metrics::with_schemes(&servers, counting)
+    }
+
+    /// [`Metrics::new`] for listen addresses of blocks of each scheme (their `server` label).
+    pub fn with_schemes(servers: &[(SocketAddr, &str)], counting: bool) -> Self {
         let mut servers: Vec<Server> = servers
             .iter()
-            .map(|&addr| Server {
+            .map(|&(addr, scheme)| Server {
                 addr,
-                name: server_label(addr).into(),
+                name: labels::scheme_label(scheme, addr).into(),
             })
             .collect();
         if servers.is_empty() {

@@ -42,6 +42,7 @@ pub mod ready;
 pub mod reload;
 pub mod rewrite;
 pub mod template;
+pub mod tls;
 pub mod whoami;
 
 use std::net::SocketAddr;

@@ -521,6 +521,8 @@ mod tests {
             loop_check,
             dnstap: Vec::new(),
             chain: Default::default(),
+            scheme: Default::default(),
+            tls: None,
         }
     }
 

@@ -3,7 +3,10 @@
 //! - [`udp`]: one blocking OS thread per listen address and worker, each with its own
 //!   `SO_REUSEPORT` socket, reading and answering in batches (`recvmmsg`/`sendmmsg`). Cache hits
 //!   never leave that thread and never touch the async runtime.
-//! - [`tcp`]: tokio tasks, one per client connection, pipelined.
+//! - [`tcp`]: tokio tasks, one per client connection, pipelined; DNS over TLS (`tls://` blocks
+//!   with `tls`) is the same with a TLS handshake in front.
+//! - [`https`]: DNS over HTTPS (RFC 8484) for `https://` blocks, HTTP/2 and HTTP/1.1 (cleartext
+//!   HTTP/1.1 without `tls`), each request answered through the pipeline as a TCP query is.
 //! - [`pipeline`]: what both share: parse, route, cache lookup, and for misses the async path
 //!   (single-flight, upstream, insert, answer every waiter); then, for every answer, count it,
 //!   add it to its client's figures ([`crate::clients`]), tap it ([`crate::dnstap`]) and log
@@ -22,6 +25,7 @@
 
 pub mod cascade;
 pub mod errors;
+pub mod https;
 pub mod loopcheck;
 pub mod pipeline;
 pub mod querylog;
@@ -31,6 +35,7 @@ pub mod sibling;
 pub mod tcp;
 pub mod udp;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -41,7 +46,7 @@ use nodedns_cache::{Cache, Flights};
 use nodedns_upstream::Group;
 
 use crate::clients;
-use crate::config::{Config, Route, Router, Server};
+use crate::config::{Config, Route, Router, Scheme, Server};
 use crate::dnstap::{self, Tap};
 use crate::metrics::{CacheFigures, Metrics, ZoneFigures};
 use errors::Errors;
@@ -198,10 +203,9 @@ impl Snapshot {
                 plugins: server.chain.start(
                     old.map(|o| &o.plugins),
                     plugin_metrics,
-                    &server
-                        .listen
-                        .first()
-                        .map_or_else(String::new, |a| crate::metrics::server_label(*a)),
+                    &server.listen.first().map_or_else(String::new, |a| {
+                        crate::metrics::scheme_label(server.scheme.as_str(), *a)
+                    }),
                 ),
                 server: server.clone(),
             }));
@@ -221,6 +225,17 @@ impl Snapshot {
         Some((self.zones.get(route.server)?, route))
     }
 
+    /// The TLS configuration of the blocks served on `local` (the current `tls` directive of a
+    /// `tls://` or `https://` block), if they have one.
+    pub fn tls(&self, local: SocketAddr) -> Option<Arc<rustls::ServerConfig>> {
+        self.config
+            .servers
+            .iter()
+            .filter(|s| s.listen.contains(&local))
+            .find_map(|s| s.tls.as_ref())
+            .map(|tls| tls.config.clone())
+    }
+
     /// What each block reports to the metrics at scrape time.
     pub fn figures(&self) -> Vec<ZoneFigures> {
         self.zones
@@ -229,6 +244,7 @@ impl Snapshot {
                 let flights = zone.flights.sizes();
                 ZoneFigures {
                     listen: zone.server.listen.clone(),
+                    scheme: zone.server.scheme.as_str(),
                     zones: zone.server.zones.clone(),
                     cache: zone.cache.as_ref().map(|cache| CacheFigures {
                         id: zone.cache_id,
@@ -241,6 +257,51 @@ impl Snapshot {
             })
             .collect()
     }
+}
+
+/// How one listen address is served, as its blocks' scheme and `tls` directive say (the
+/// configuration gives every address one: `config::check_duplicates`).
+#[derive(Debug, Clone)]
+pub enum Endpoint {
+    /// DNS over UDP and TCP (`dns://`).
+    Dns,
+    /// DNS over TCP only: a `tls://` block without `tls`, as CoreDNS serves it.
+    Tcp,
+    /// DNS over TLS (`tls://` with `tls`).
+    Tls(Arc<rustls::ServerConfig>),
+    /// DNS over HTTPS (`https://`): with TLS when `tls` is given, cleartext HTTP/1.1 otherwise.
+    Https(Option<Arc<rustls::ServerConfig>>),
+}
+
+impl Endpoint {
+    /// What the log says it serves.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Endpoint::Dns => "DNS (UDP, TCP)",
+            Endpoint::Tcp => "DNS (TCP; tls:// without tls)",
+            Endpoint::Tls(_) => "DNS over TLS",
+            Endpoint::Https(Some(_)) => "DNS over HTTPS",
+            Endpoint::Https(None) => "DNS over HTTP (https:// without tls)",
+        }
+    }
+}
+
+/// Every address DNS is served on, with how.
+pub fn endpoints(config: &Config) -> BTreeMap<SocketAddr, Endpoint> {
+    let mut out = BTreeMap::new();
+    for server in &config.servers {
+        let tls = server.tls.as_ref().map(|t| t.config.clone());
+        let endpoint = match (server.scheme, tls) {
+            (Scheme::Dns, _) => Endpoint::Dns,
+            (Scheme::Tls, None) => Endpoint::Tcp,
+            (Scheme::Tls, Some(tls)) => Endpoint::Tls(tls),
+            (Scheme::Https, tls) => Endpoint::Https(tls),
+        };
+        for addr in &server.listen {
+            out.entry(*addr).or_insert_with(|| endpoint.clone());
+        }
+    }
+    out
 }
 
 /// A number no other cache of this process has.
@@ -371,6 +432,8 @@ mod tests {
             loop_check: false,
             dnstap: Vec::new(),
             chain: Default::default(),
+            scheme: Default::default(),
+            tls: None,
         }
     }
 

@@ -78,6 +78,8 @@ pub enum ReplyTo {
     /// The connection's queue of answers, with one of its in-flight slots (given back when the
     /// answer is queued).
     Tcp(super::tcp::Answers),
+    /// The DNS-over-HTTPS request waiting for it.
+    Http(tokio::sync::oneshot::Sender<Vec<u8>>),
 }
 
 /// A client waiting for an upstream answer: its query as received (to patch the answer for it)
@@ -848,6 +850,12 @@ fn send(shared: &Shared, reply_to: ReplyTo, peer: SocketAddr, out: Vec<u8>) {
                 shared.metrics.counters().send_failed();
             }
         }
+        ReplyTo::Http(request) => {
+            // The client went away.
+            if request.send(out).is_err() {
+                shared.metrics.counters().send_failed();
+            }
+        }
     }
 }
 
@@ -954,6 +962,8 @@ mod tests {
                 loop_check: false,
                 dnstap: Vec::new(),
                 chain: Default::default(),
+                scheme: Default::default(),
+                tls: None,
             }],
             ..Config::default()
         }

@@ -1,4 +1,6 @@
-//! TCP listeners (RFC 7766): one task per client connection.
+//! TCP listeners (RFC 7766): one task per client connection. A DNS-over-TLS listener (RFC 7858)
+//! is one with a TLS handshake in front (within the idle timeout, after the connection is
+//! admitted); the connection is then served as any other, over the TLS stream ([`Stream`]).
 //!
 //! A connection may carry many queries back to back (pipelining); each is answered as soon as it
 //! can be, so answers may leave out of order (RFC 7766 §7). The reader and the writer are separate
@@ -34,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use nodedns_wire::frame;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
@@ -304,7 +306,9 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// Accepts connections on `listener` until `stop` turns true.
+/// Accepts connections on `listener` until `stop` turns true. With `tls`, each connection is
+/// DNS over TLS (RFC 7858): the handshake comes first, within the idle timeout, and counts
+/// against the same caps as any connection.
 pub async fn run(
     shared: Arc<Shared>,
     listener: TcpListener,
@@ -312,6 +316,7 @@ pub async fn run(
     limits: Limits,
     connections: Arc<Connections>,
     mut stop: watch::Receiver<bool>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) {
     let mut backoff = accept::Backoff::new("DNS TCP", "nodedns_tcp_accept_errors_total");
     loop {
@@ -341,33 +346,103 @@ pub async fn run(
         let shared = shared.clone();
         let total = connections.queued.clone();
         let metrics = connections.metrics.clone();
+        // A reload may have rotated the certificate: each handshake takes the current one.
+        let tls = tls.as_ref().map(|first| {
+            shared
+                .snapshot
+                .load()
+                .tls(local)
+                .unwrap_or_else(|| first.clone())
+        });
         tokio::spawn(async move {
             let client = Client {
                 proto: Proto::Tcp,
                 addr: peer,
             };
             let budgets = (total, metrics);
-            serve_connection(shared, stream, local, client, limits, budgets, admitted).await;
+            tune(&stream);
+            let Some(tls) = tls else {
+                serve_connection(shared, stream, local, client, limits, budgets, admitted).await;
+                return;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            match tokio::time::timeout(limits.idle_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    serve_connection(shared, stream, local, client, limits, budgets, admitted)
+                        .await;
+                }
+                Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
         });
+    }
+}
+
+/// Small kernel buffers and no Nagle for a client connection.
+pub(crate) fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let socket = SockRef::from(stream);
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
+    let _ = socket.set_recv_buffer_size(RECEIVE_BUFFER);
+}
+
+/// A client connection: plain TCP, or TLS over it. Its halves are read and written by separate
+/// tasks; a connection that must end at once is reset (RST), so the kernel drops what it still
+/// holds for the client.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    type Reader: AsyncRead + Send + Unpin + 'static;
+    type Writer: AsyncWrite + Send + Unpin + 'static;
+    fn split(self) -> (Self::Reader, Self::Writer);
+    /// Closes the connection with a reset.
+    fn reset(reader: Self::Reader, writer: Self::Writer);
+}
+
+/// Sets `SO_LINGER` 0: closing the socket then sends RST and frees what the kernel held.
+fn linger_zero(stream: &TcpStream) {
+    let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
+}
+
+impl Stream for TcpStream {
+    type Reader = OwnedReadHalf;
+    type Writer = OwnedWriteHalf;
+
+    fn split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        self.into_split()
+    }
+
+    fn reset(reader: OwnedReadHalf, writer: OwnedWriteHalf) {
+        if let Ok(stream) = reader.reunite(writer) {
+            linger_zero(&stream);
+        }
+    }
+}
+
+impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
+    type Reader = ReadHalf<Self>;
+    type Writer = WriteHalf<Self>;
+
+    fn split(self) -> (Self::Reader, Self::Writer) {
+        tokio::io::split(self)
+    }
+
+    fn reset(reader: Self::Reader, writer: Self::Writer) {
+        let stream = reader.unsplit(writer);
+        linger_zero(stream.get_ref().0);
     }
 }
 
 /// Serves one client connection until it closes, idles out, sends garbage framing, or does not
 /// read its answers.
-async fn serve_connection(
+async fn serve_connection<S: Stream>(
     shared: Arc<Shared>,
-    stream: TcpStream,
+    stream: S,
     local: SocketAddr,
     client: Client,
     limits: Limits,
     (total, metrics): (Arc<Semaphore>, Metrics),
     _admitted: Admitted,
 ) {
-    let _ = stream.set_nodelay(true);
-    let socket = SockRef::from(&stream);
-    let _ = socket.set_send_buffer_size(SEND_BUFFER);
-    let _ = socket.set_recv_buffer_size(RECEIVE_BUFFER);
-    let (mut reader, writer) = stream.into_split();
+    let (mut reader, writer) = stream.split();
     let (tx, rx) = mpsc::channel::<Queued>(limits.max_in_flight);
     let (abort, aborted) = watch::channel(false);
     let queue = Arc::new(Queue {
@@ -469,7 +544,9 @@ async fn serve_connection(
     // the writer ends once every waiter has dropped its handle on the queue (or at once when the
     // connection is aborted).
     drop(queue);
-    let _ = writing.await;
+    if let Ok(Some(writer)) = writing.await {
+        S::reset(reader, writer);
+    }
 }
 
 /// Queues a cached answer with its room; `false` once the connection is ending.
@@ -491,24 +568,25 @@ async fn queue_answer(
 
 /// Writes queued answers until the queue ends (then closes the connection cleanly), or until the
 /// connection must end at once: the client stopped reading for `write_timeout`, or an answer
-/// found no room. Then it aborts the connection (RST), dropping what the kernel still holds.
-async fn write_answers(
-    mut writer: OwnedWriteHalf,
+/// found no room. Then it returns the writer, for the connection to be reset
+/// ([`Stream::reset`]): nothing more is sent, and the kernel drops what it still holds.
+async fn write_answers<W: AsyncWrite + Unpin>(
+    mut writer: W,
     mut rx: mpsc::Receiver<Queued>,
     write_timeout: Duration,
     // Weak: the queue ends (and with it this loop) when the reader and every waiting miss have
     // let go of it.
     queue: std::sync::Weak<Queue>,
     mut aborted: watch::Receiver<bool>,
-) {
+) -> Option<W> {
     loop {
         let next = tokio::select! {
             next = rx.recv() => next,
             _ = aborted.wait_for(|abort| *abort) => break,
         };
         let Some(queued) = next else {
-            let _ = writer.shutdown().await;
-            return;
+            let _ = tokio::time::timeout(write_timeout, writer.shutdown()).await;
+            return None;
         };
         let written = tokio::select! {
             written = write_frame(&mut writer, &queued.answer, write_timeout) => written,
@@ -527,20 +605,18 @@ async fn write_answers(
                 if let Some(queue) = queue.upgrade() {
                     queue.end();
                 }
-                return;
+                return None;
             }
         }
     }
-    // RST: nothing more is sent, and the kernel frees what it held for the client at once (no
-    // FIN queued behind the unsent bytes either).
-    let _ = SockRef::from(writer.as_ref()).set_linger(Some(Duration::ZERO));
     rx.close();
-    writer.forget();
+    Some(writer)
 }
 
-/// Writes `answer` with its length prefix. Each write must make progress within `timeout`.
-async fn write_frame(
-    writer: &mut OwnedWriteHalf,
+/// Writes `answer` with its length prefix, and flushes it (TLS holds records until then). Each
+/// write must make progress within `timeout`.
+async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
     answer: &[u8],
     timeout: Duration,
 ) -> io::Result<()> {
@@ -565,7 +641,10 @@ async fn write_frame(
             Err(_) => return Err(io::ErrorKind::TimedOut.into()),
         }
     }
-    Ok(())
+    match tokio::time::timeout(timeout, writer.flush()).await {
+        Ok(flushed) => flushed,
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    }
 }
 
 /// What [`read_frame`] found.
@@ -580,7 +659,10 @@ enum Next {
 
 /// Reads until `frames` holds a whole frame (at once if it already does). A connection that ends
 /// inside a frame is an error.
-async fn read_frame(reader: &mut OwnedReadHalf, frames: &mut frame::Buffer) -> io::Result<Next> {
+async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    frames: &mut frame::Buffer,
+) -> io::Result<Next> {
     loop {
         if frames.next_len().is_some_and(|len| len > MAX_QUERY) {
             return Ok(Next::Malformed);
@@ -711,6 +793,146 @@ mod tests {
         );
         assert_eq!(closed(&b, "queue_full"), 1);
         assert_eq!(closed(&a, "queue_full"), 0);
+    }
+
+    /// The pipeline's state for one block on `listen` that forwards nowhere (every query is
+    /// answered at once: SERVFAIL at the end of the chain).
+    fn serving(listen: SocketAddr) -> Arc<Shared> {
+        let config = crate::config::Config {
+            servers: vec![crate::config::Server {
+                zones: vec![".".to_owned()],
+                listen: vec![listen],
+                cache: None,
+                forward: None,
+                log: Vec::new(),
+                errors: false,
+                loop_check: false,
+                dnstap: Vec::new(),
+                chain: Default::default(),
+                scheme: crate::config::Scheme::Tls,
+                tls: None,
+            }],
+            ..Default::default()
+        };
+        let metrics = Arc::new(crate::metrics::Metrics::new(&[listen], true));
+        let upstream_metrics = nodedns_upstream::Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        let snapshot = super::super::Snapshot::build(
+            Arc::new(config),
+            None,
+            &upstream_metrics,
+            &Default::default(),
+            &metrics,
+            &Default::default(),
+        )
+        .unwrap();
+        Arc::new(Shared::new(
+            snapshot,
+            metrics,
+            Default::default(),
+            Default::default(),
+        ))
+    }
+
+    /// A self-signed certificate for `dns.test`: the server's configuration, and a client's
+    /// that trusts it.
+    fn tls_pair() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["dns.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// A query for `name.` A with `id`, framed.
+    fn framed_query(id: u16) -> Vec<u8> {
+        let mut q = vec![0, 0, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q[..2].copy_from_slice(&id.to_be_bytes());
+        q.extend_from_slice(b"\x04name\x00\x00\x01\x00\x01");
+        let mut framed = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
+        framed.extend(q);
+        framed
+    }
+
+    #[tokio::test]
+    async fn a_tls_client_is_answered_and_one_that_does_not_read_is_cut_off() {
+        let (server, client) = tls_pair();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let local = listener.local_addr().unwrap();
+        let shared = serving(local);
+        let connections = Arc::new(Connections::new(16, 0));
+        let limits = Limits {
+            write_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(run(
+            shared,
+            listener,
+            local,
+            limits,
+            connections.clone(),
+            stopped,
+            Some(server),
+        ));
+        let connector = tokio_rustls::TlsConnector::from(client);
+        let name = rustls::pki_types::ServerName::try_from("dns.test").unwrap();
+
+        // A client that reads gets its answer over TLS.
+        let tcp = TcpStream::connect(local).await.unwrap();
+        let mut tls = connector.connect(name.clone(), tcp).await.unwrap();
+        tls.write_all(&framed_query(7)).await.unwrap();
+        let mut len = [0u8; 2];
+        tls.read_exact(&mut len).await.unwrap();
+        let mut answer = vec![0; usize::from(u16::from_be_bytes(len))];
+        tls.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer[..2], &7u16.to_be_bytes(), "its ID");
+        assert_eq!(answer[2] & 0x80, 0x80, "a response");
+        drop(tls);
+
+        // One that only writes fills its buffers: the stalled write ends the connection, and the
+        // client's writes fail.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let tcp = socket.connect(local).await.unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let queries: Vec<u8> = (0..512u16).flat_map(framed_query).collect();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(err) = tls.write_all(&queries).await {
+                    return err;
+                }
+            }
+        })
+        .await
+        .expect("the connection ends");
+        assert!(
+            matches!(
+                ended.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ),
+            "{ended}"
+        );
+        assert_eq!(connections.metrics().closed_count("write_timeout"), 1);
     }
 
     #[test]

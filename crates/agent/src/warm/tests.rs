@@ -65,6 +65,8 @@ fn block(zone: &str, listen: u16) -> Server {
         loop_check: false,
         dnstap: Vec::new(),
         chain: Default::default(),
+        scheme: Default::default(),
+        tls: None,
     }
 }
 
