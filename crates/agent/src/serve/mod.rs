@@ -21,6 +21,7 @@
 //! one and never blocks a reader.
 
 pub mod cascade;
+pub mod dns64;
 pub mod errors;
 pub mod loopcheck;
 pub mod pipeline;

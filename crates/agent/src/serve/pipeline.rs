@@ -58,6 +58,8 @@ pub struct Miss {
     pub key: Key,
     /// The query's metric labels, for the answer's count.
     pub labels: Labels,
+    /// The AAAA answer `dns64` replaces once this miss (of the A question) is answered.
+    pub dns64: Option<Box<super::dns64::Pending>>,
 }
 
 /// A key to refresh in the background: a prefetch, or an entry just answered stale at once.
@@ -90,6 +92,8 @@ pub struct Waiter {
     pub started: Instant,
     /// Its metric labels (from [`Miss::labels`]).
     pub labels: Labels,
+    /// From [`Miss::dns64`]: `query` is an AAAA question, the fetch answers the A question.
+    pub dns64: Option<Box<super::dns64::Pending>>,
 }
 
 /// Largest answer over TCP (RFC 1035 §4.2.2: a 16-bit length).
@@ -107,14 +111,14 @@ pub struct Recorder<'a> {
 
 /// One answer, as the steps after it see it.
 #[derive(Clone, Copy)]
-struct Answered<'a> {
-    client: &'a Client,
-    query: &'a Query<'a>,
+pub(super) struct Answered<'a> {
+    pub client: &'a Client,
+    pub query: &'a Query<'a>,
     /// The question's name, lowercased (the cache key's).
-    qname: &'a [u8],
-    source: Source,
-    response: &'a [u8],
-    elapsed: Duration,
+    pub qname: &'a [u8],
+    pub source: Source,
+    pub response: &'a [u8],
+    pub elapsed: Duration,
 }
 
 /// The last steps of every answer: count it, add it to its client's figures, hand it to its
@@ -125,7 +129,7 @@ struct Answered<'a> {
 /// to the branch that logs, instead of a slice's pointer and length across the counting.
 #[inline(always)]
 #[allow(clippy::ptr_arg)]
-fn record(
+pub(super) fn record(
     to: &Recorder<'_>,
     labels: Labels,
     taps: &[Arc<Tap>],
@@ -222,11 +226,25 @@ pub fn answer(
         cache: cache.is_some(),
         log: to.log.logs(!zone.server.log.is_empty()),
     };
-    // The plugins before the cache (`bufsize`) may lower the client's limit.
+    // The plugins before the cache (`bufsize`) may lower the client's limit; `dns64` takes
+    // the AAAA queries it translates.
     let limit = if zone.plugins.plain() {
         limit
     } else {
-        zone.plugins.before().limit(&query, client.proto, limit)
+        let before = zone.plugins.before();
+        let limit = before.limit(&query, client.proto, limit);
+        if let Some(dns64) = before.dns64.filter(|d| d.takes(&query, client.addr)) {
+            let at = Chained {
+                to,
+                zone,
+                forward: route.forward,
+                labels,
+                client,
+                limit,
+            };
+            return super::dns64::front(&at, dns64, &query, key, now, out);
+        }
+        limit
     };
     // Outside the block's `forward` (no forward, not under FROM, or an `except` name), in a
     // block with no other plugin after the cache: the end of CoreDNS's chain, SERVFAIL. (A
@@ -337,7 +355,7 @@ pub fn answer(
 
 /// Whether a stale entry is answered without asking the upstream first (the cache's rule, told
 /// whether every upstream of the block is marked down).
-fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> bool {
+pub(super) fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> bool {
     let down = zone.group.as_ref().is_some_and(|g| !g.healthy());
     cache.stale_at_once(entry, down, now)
 }
@@ -348,7 +366,7 @@ fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> boo
 /// first message, and caches it). Checked here, after the lookup, so a hit pays nothing for it;
 /// a transfer is never stored, so it never hits.
 #[inline]
-fn upstream(
+pub(super) fn upstream(
     to: &Recorder<'_>,
     zone: &Arc<Zone>,
     key: Key,
@@ -374,27 +392,29 @@ fn upstream(
         zone: zone.clone(),
         key,
         labels,
+        dns64: None,
     })
 }
 
 /// The block's plugins before the cache (`crate::plugin::Before`: `bufsize`, `loadbalance`), on
 /// the answer to `query` written in `out`. A block without them tests one flag.
 #[inline(always)]
-fn before_cache(zone: &Zone, query: &Query<'_>, out: &mut Vec<u8>) {
+pub(super) fn before_cache(zone: &Zone, query: &Query<'_>, out: &mut Vec<u8>) {
     if !zone.plugins.plain() {
         zone.plugins.before().served(query, out);
     }
 }
 
 /// Where [`chain`] answers: the query's block and how it was routed and labelled.
-struct Chained<'a> {
-    to: &'a Recorder<'a>,
-    zone: &'a Arc<Zone>,
+#[derive(Clone, Copy)]
+pub(super) struct Chained<'a> {
+    pub to: &'a Recorder<'a>,
+    pub zone: &'a Arc<Zone>,
     /// Whether the block's `forward` takes the name.
-    forward: bool,
-    labels: Labels,
-    client: &'a Client,
-    limit: usize,
+    pub forward: bool,
+    pub labels: Labels,
+    pub client: &'a Client,
+    pub limit: usize,
 }
 
 /// The block's plugins after the cache (`crate::plugin`), for a query the cache did not answer:
@@ -412,6 +432,37 @@ fn chain(
     now: Instant,
     out: &mut Vec<u8>,
 ) -> Option<Front> {
+    let source = chained(at, query, key, cache, now, out)?;
+    before_cache(at.zone, query, out);
+    let answered = Answered {
+        client: at.client,
+        query,
+        qname: key.qname(),
+        source,
+        response: out,
+        elapsed: Duration::ZERO,
+    };
+    record(
+        at.to,
+        at.labels,
+        &at.zone.taps,
+        &at.zone.server.log,
+        answered,
+    );
+    Some(Front::Answered)
+}
+
+/// What [`chain`] answers, written in `out` (for `at.limit`) and not recorded: what answered,
+/// or `None` when `forward` takes the query.
+#[cold]
+pub(super) fn chained(
+    at: &Chained<'_>,
+    query: &Query<'_>,
+    key: &Key,
+    cache: Option<&Arc<nodedns_cache::Cache>>,
+    now: Instant,
+    out: &mut Vec<u8>,
+) -> Option<Source> {
     let request = plugin::Request {
         query,
         key,
@@ -466,23 +517,7 @@ fn chain(
             Source::Unhandled
         }
     };
-    before_cache(at.zone, query, out);
-    let answered = Answered {
-        client: at.client,
-        query,
-        qname: key.qname(),
-        source,
-        response: out,
-        elapsed: Duration::ZERO,
-    };
-    record(
-        at.to,
-        at.labels,
-        &at.zone.taps,
-        &at.zone.server.log,
-        answered,
-    );
-    Some(Front::Answered)
+    Some(source)
 }
 
 fn malformed(counters: &Counters, packet: &[u8], err: ParseError, out: &mut Vec<u8>) -> Front {
@@ -622,8 +657,8 @@ fn stored_meanwhile(zone: &Zone, key: &Key) -> Option<Outcome> {
 /// waiting so far get the stale entry, if there is one, while the fetch goes on to refresh the
 /// cache and to answer whoever joins it later.
 async fn fetch_or_stale_after(
-    shared: &Shared,
-    zone: &Zone,
+    shared: &Arc<Shared>,
+    zone: &Arc<Zone>,
     key: &Key,
     store: bool,
     timeout: Duration,
@@ -648,7 +683,12 @@ async fn fetch_or_stale_after(
 }
 
 /// Ends the fetch for `key` and answers every client that waited for it; returns how many.
-pub(super) fn complete(shared: &Shared, zone: &Zone, key: &Key, outcome: &Outcome) -> usize {
+pub(super) fn complete(
+    shared: &Arc<Shared>,
+    zone: &Arc<Zone>,
+    key: &Key,
+    outcome: &Outcome,
+) -> usize {
     let waiters = zone.flights.complete(key.as_bytes());
     let joined = waiters.len();
     for waiter in waiters {
@@ -776,8 +816,9 @@ fn outcome(updated: Updated) -> Outcome {
 }
 
 /// Answers one client that waited for `zone`'s fetch.
-fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome) {
-    let Ok(query) = Query::parse(&waiter.query) else {
+fn answer_waiter(shared: &Arc<Shared>, zone: &Arc<Zone>, mut waiter: Waiter, outcome: &Outcome) {
+    let bytes = std::mem::take(&mut waiter.query);
+    let Ok(query) = Query::parse(&bytes) else {
         return;
     };
     let limit = match waiter.client.proto {
@@ -792,24 +833,18 @@ fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome
             .limit(&query, waiter.client.proto, limit)
     };
     let mut out = Vec::with_capacity(512);
-    let source = match outcome {
-        // What the fetch just brought goes out with the upstream's AA, as node-cache relays it;
-        // only what is served from the cache (a stale entry here) sets AA.
-        Outcome::Entry(entry, ttl, Source::Upstream) => {
-            entry.reply().write_relayed(&query, *ttl, limit, &mut out);
-            Source::Upstream
-        }
-        Outcome::Entry(entry, ttl, source) => {
-            entry.reply().write_answer(&query, *ttl, limit, &mut out);
-            *source
-        }
-        Outcome::Reply(reply, ttl) => {
-            reply.write_relayed(&query, *ttl, limit, &mut out);
-            Source::Upstream
-        }
-        Outcome::Failed => {
-            nodedns_wire::write_error(&query, rcode::SERVFAIL.into(), &mut out);
-            Source::ServFail
+    // A waiter of a block with plugins before the cache may be `dns64`'s (a waiter keeps the
+    // zone of its miss, and a reload may have dropped `dns64` from it since).
+    let source = if zone.plugins.plain() && waiter.dns64.is_none() {
+        written(&query, limit, outcome, &mut out)
+    } else {
+        match super::dns64::waiter(shared, zone, waiter, &query, limit, outcome, &mut out) {
+            Some((source, back)) => {
+                waiter = back;
+                source
+            }
+            // Handed to the fetch of the A question.
+            None => return,
         }
     };
     before_cache(zone, &query, &mut out);
@@ -831,6 +866,35 @@ fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome
     };
     record(&to, labels, &zone.taps, &zone.server.log, answered);
     send(shared, waiter.reply_to, waiter.client.addr, out);
+}
+
+/// The answer a fetch's `outcome` gives `query`, written in `out` for `limit`.
+pub(super) fn written(
+    query: &Query<'_>,
+    limit: usize,
+    outcome: &Outcome,
+    out: &mut Vec<u8>,
+) -> Source {
+    match outcome {
+        // What the fetch just brought goes out with the upstream's AA, as node-cache relays it;
+        // only what is served from the cache (a stale entry here) sets AA.
+        Outcome::Entry(entry, ttl, Source::Upstream) => {
+            entry.reply().write_relayed(query, *ttl, limit, out);
+            Source::Upstream
+        }
+        Outcome::Entry(entry, ttl, source) => {
+            entry.reply().write_answer(query, *ttl, limit, out);
+            *source
+        }
+        Outcome::Reply(reply, ttl) => {
+            reply.write_relayed(query, *ttl, limit, out);
+            Source::Upstream
+        }
+        Outcome::Failed => {
+            nodedns_wire::write_error(query, rcode::SERVFAIL.into(), out);
+            Source::ServFail
+        }
+    }
 }
 
 /// Sends one answer. UDP sends never block: a full socket buffer drops the answer (counted), as
@@ -1114,6 +1178,7 @@ mod tests {
             client,
             started: Instant::now(),
             labels: miss.labels,
+            dns64: None,
         };
         spawn(&shared, &runtime, miss, waiter);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -1186,6 +1251,7 @@ mod tests {
             client,
             started: now,
             labels: miss.labels,
+            dns64: None,
         };
         spawn(&shared, &tokio::runtime::Handle::current(), miss, waiter);
         let mut buf = [0u8; 512];
@@ -1321,6 +1387,7 @@ mod tests {
         let mut config = config(LISTEN, upstream);
         config.servers[0].chain.before = crate::plugin::Before {
             bufsize: Some(crate::plugin::bufsize::Bufsize { size: 512 }),
+            dns64: None,
             loadbalance: Some(crate::plugin::loadbalance::Loadbalance),
         };
         let snap = snapshot(config, &shared);
