@@ -133,13 +133,17 @@ impl Chain {
                 .cloned()
                 .unwrap_or_else(|| hosts::Live::start(config.clone(), &metrics.hosts))
         });
-        let translated = metrics
-            .dns64
-            .translated
-            .get_or_create(&dns64::Server {
-                server: server.to_owned(),
-            })
-            .clone();
+        // Only a block with `dns64` has the series, as in CoreDNS (a series appears when it
+        // first counts there).
+        let translated = self.before.dns64.map(|_| {
+            metrics
+                .dns64
+                .translated
+                .get_or_create(&dns64::Server {
+                    server: server.to_owned(),
+                })
+                .clone()
+        });
         Live {
             before: self.before,
             any_before: !self.before.is_empty(),
@@ -158,8 +162,8 @@ pub struct Live {
     before: Before,
     /// `!before.is_empty()`, kept: the hit path tests one flag (false by default: plain).
     any_before: bool,
-    /// `coredns_dns64_requests_translated_total` of the block's `server`.
-    translated: prometheus_client::metrics::counter::Counter,
+    /// `coredns_dns64_requests_translated_total` of the block's `server`, with `dns64`.
+    translated: Option<prometheus_client::metrics::counter::Counter>,
     rewrite: Option<rewrite::Rewrite>,
     template: Vec<template::Template>,
     hosts: Option<std::sync::Arc<hosts::Live>>,
@@ -204,7 +208,9 @@ impl Live {
 
     /// Counts one answer `dns64` synthesized.
     pub fn translated(&self) {
-        self.translated.inc();
+        if let Some(counter) = &self.translated {
+            counter.inc();
+        }
     }
 
     /// The block's plugins before the cache.

@@ -1379,6 +1379,169 @@ mod tests {
         assert_eq!(out[3] & 0x0f, 2, "SERVFAIL");
     }
 
+    /// `query` with its question's type `qtype`.
+    fn of_type(mut query: Vec<u8>, qtype: u16) -> Vec<u8> {
+        let at = 12 + NAME.len();
+        query[at..at + 2].copy_from_slice(&qtype.to_be_bytes());
+        query
+    }
+
+    /// The NODATA answer to the AAAA `query`, its SOA's TTL 50.
+    fn nodata(query: &[u8]) -> Reply {
+        use hickory_proto::rr::{Name, RData, Record, rdata};
+        let mut nodata = Message::from_vec(query).unwrap();
+        nodata.metadata.message_type = hickory_proto::op::MessageType::Response;
+        nodata.authorities.push(Record::from_rdata(
+            Name::from_ascii("example.").unwrap(),
+            50,
+            RData::SOA(rdata::SOA::new(
+                Name::from_ascii("ns.example.").unwrap(),
+                Name::from_ascii("hostmaster.example.").unwrap(),
+                1,
+                7200,
+                1800,
+                86400,
+                300,
+            )),
+        ));
+        Reply::parse(&plugin::encode(&nodata).unwrap()).unwrap()
+    }
+
+    /// The snapshot of [`config`] forwarding to `upstream`, with `dns64`.
+    fn dns64_snapshot(
+        shared: &Shared,
+        upstream: SocketAddr,
+        dns64: crate::plugin::dns64::Dns64,
+    ) -> Snapshot {
+        let mut config = config(LISTEN, upstream);
+        config.servers[0].chain.before.dns64 = Some(dns64);
+        snapshot(config, shared)
+    }
+
+    /// A block with `dns64` whose cache holds the AAAA NODATA (SOA TTL 50) and the A answer
+    /// (TTL 60) of a name: an IPv6 client's AAAA query is answered at once, from both entries,
+    /// not authoritative, with the smaller TTL; an IPv4 client gets the NODATA as cached.
+    #[tokio::test]
+    async fn dns64_answers_from_two_cached_entries_on_the_listeners_thread() {
+        let (shared, upstream) = agent_before_a_closed_port();
+        let snap = dns64_snapshot(&shared, upstream, Default::default());
+        let now = Instant::now();
+        let cache = snap.zones[0].cache.as_ref().unwrap();
+        let key = |q: &[u8]| Query::parse(q).unwrap().key();
+        let aaaa_query = of_type(client_query(1), rtype::AAAA);
+        cache.store(key(&aaaa_query).as_bytes(), nodata(&aaaa_query), now);
+        let a_query = client_query(1);
+        let a = Reply::parse(&a_answer(&a_query, Ipv4Addr::new(10, 0, 0, 1))).unwrap();
+        cache.store(key(&a_query).as_bytes(), a, now);
+        let counters = shared.metrics.worker(LISTEN);
+        let log = shared.querylog.single_writer();
+        let to = Recorder {
+            counters: &counters,
+            log: &log,
+            clients: None,
+        };
+        let mut out = Vec::new();
+        let v6 = Client {
+            proto: Proto::Udp,
+            addr: "[fd00::7]:40000".parse().unwrap(),
+        };
+        let query = of_type(client_query(0x77), rtype::AAAA);
+        let front = answer(&to, &snap, &query, LISTEN, &v6, now, &mut out);
+        assert!(matches!(front, Front::Answered), "{front:?}");
+        let reply = Message::from_vec(&out).unwrap();
+        assert_eq!(reply.metadata.id, 0x77);
+        assert!(!reply.metadata.authoritative, "synthesized");
+        let answers: Vec<String> = reply.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(answers, ["stale.example. 50 IN AAAA 64:ff9b::a00:1"]);
+
+        let v4 = Client {
+            proto: Proto::Udp,
+            addr: "10.244.0.7:40000".parse().unwrap(),
+        };
+        let front = answer(&to, &snap, &query, LISTEN, &v4, now, &mut out);
+        assert!(matches!(front, Front::Answered), "{front:?}");
+        let reply = Message::from_vec(&out).unwrap();
+        assert!(reply.metadata.authoritative, "the cached NODATA");
+        assert!(reply.answers.is_empty());
+        assert_eq!(reply.authorities.len(), 1);
+    }
+
+    /// A cached AAAA NODATA whose A answer is not cached: the query becomes a miss of the A
+    /// question, which goes upstream; when it comes, the client gets the AAAA answer made from
+    /// it, and the A answer is cached.
+    #[tokio::test]
+    async fn dns64_fetches_the_a_answer_a_cached_nodata_needs() {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let upstream = socket.local_addr().unwrap();
+        let (arrived, release) = holding_upstream(socket);
+        let shared = agent_forwarding_to(upstream);
+        let dns64 = crate::plugin::dns64::Dns64 {
+            allow_ipv4: true,
+            ..Default::default()
+        };
+        let snap = dns64_snapshot(&shared, upstream, dns64);
+        let now = Instant::now();
+        let cache = snap.zones[0].cache.as_ref().unwrap();
+        let aaaa_query = of_type(client_query(1), rtype::AAAA);
+        let aaaa_key = Query::parse(&aaaa_query).unwrap().key();
+        cache.store(aaaa_key.as_bytes(), nodata(&aaaa_query), now);
+        let counters = shared.metrics.worker(LISTEN);
+        let log = shared.querylog.single_writer();
+        let to = Recorder {
+            counters: &counters,
+            log: &log,
+            clients: None,
+        };
+        let (client_socket, client) = udp_client();
+        let query = of_type(client_query(0x99), rtype::AAAA);
+        let mut out = Vec::new();
+        let Front::Miss(mut miss) = answer(&to, &snap, &query, LISTEN, &client, now, &mut out)
+        else {
+            panic!("the A question misses");
+        };
+        assert_eq!(miss.key.qtype(), rtype::A);
+        let waiter = Waiter {
+            query: query.as_slice().into(),
+            reply_to: ReplyTo::Udp(Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap())),
+            client,
+            started: now,
+            labels: miss.labels,
+            dns64: miss.dns64.take(),
+        };
+        assert!(waiter.dns64.is_some(), "the AAAA answer waits with it");
+        spawn(&shared, &tokio::runtime::Handle::current(), miss, waiter);
+        let (asked, release) = tokio::task::spawn_blocking(move || {
+            let asked = arrived.recv_timeout(Duration::from_secs(5));
+            (asked, release)
+        })
+        .await
+        .unwrap();
+        asked.expect("the A question went upstream");
+        release.send(Ipv4Addr::new(10, 0, 0, 5)).unwrap();
+        let mut buf = [0u8; 512];
+        let got = tokio::task::spawn_blocking(move || {
+            client_socket.recv(&mut buf).map(|n| buf[..n].to_vec())
+        })
+        .await
+        .unwrap()
+        .expect("the client's answer");
+        let reply = Message::from_vec(&got).unwrap();
+        assert_eq!(reply.metadata.id, 0x99);
+        assert_eq!(
+            reply.queries[0].query_type(),
+            hickory_proto::rr::RecordType::AAAA
+        );
+        assert!(!reply.metadata.authoritative);
+        let answers: Vec<String> = reply.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(answers, ["stale.example. 50 IN AAAA 64:ff9b::a00:5"]);
+        let a_key = Query::parse(&client_query(1)).unwrap().key();
+        assert!(matches!(
+            cache.lookup(a_key.as_bytes(), Instant::now()),
+            Lookup::Fresh { .. }
+        ));
+        drop(release);
+    }
+
     /// A block with `loadbalance` and `bufsize 512`: hits of a stored three-address entry come
     /// out rotated by the query's ID, and an EDNS client's 1232 is answered with 512.
     #[tokio::test]
