@@ -3,7 +3,8 @@
 //!
 //! - Configuration ([`parse`]): `dns64 [PREFIX]`, or a block with `prefix PREFIX`,
 //!   `translate_all` and `allow_ipv4`. PREFIX is an IPv6 prefix of length 32, 40, 48, 56, 64 or
-//!   96 (RFC 6052 §2.2), default the well-known prefix `64:ff9b::/96`.
+//!   96 (RFC 6052 §2.2), default the well-known prefix `64:ff9b::/96`. After a PREFIX argument
+//!   the block's `translate_all` and `allow_ipv4` do nothing, as in CoreDNS (warned).
 //! - Logic ([`Dns64`]): an AAAA query of class IN that came over IPv6 (or over IPv4, with
 //!   `allow_ipv4`; an IPv4-mapped client address counts as IPv4, as in CoreDNS) whose answer is
 //!   not NXDOMAIN and holds no AAAA record (any answer, with `translate_all`) is answered from
@@ -131,13 +132,28 @@ pub(crate) fn parse(d: &Directive, out: &mut Out<'_>) -> Option<Dns64> {
                     }
                 }
             }
-            "translate_all" => {
-                ok &= out.arity(o, &what, 0, 0, "translate_all");
-                dns64.translate_all = true;
-            }
-            "allow_ipv4" => {
-                ok &= out.arity(o, &what, 0, 0, "allow_ipv4");
-                dns64.allow_ipv4 = true;
+            "translate_all" | "allow_ipv4" => {
+                ok &= out.arity(o, &what, 0, 0, &o.name);
+                if d.args.is_empty() {
+                    let flag = if o.name == "translate_all" {
+                        &mut dns64.translate_all
+                    } else {
+                        &mut dns64.allow_ipv4
+                    };
+                    *flag = true;
+                } else {
+                    // CoreDNS's setup reads a PREFIX argument, then the block's lines as
+                    // directives of their own: a line without arguments does nothing.
+                    out.warn(
+                        o.line,
+                        format!(
+                            "dns64: `{}` has no effect after a PREFIX argument (CoreDNS, and so \
+                             node-cache, ignores it there); write the prefix as `prefix PREFIX` \
+                             inside the block for it to count",
+                            o.name
+                        ),
+                    );
+                }
             }
             other => {
                 out.err(
@@ -351,6 +367,21 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(both.prefix.to_string(), "2001:db8:1::/48");
+    }
+
+    /// node-cache (CoreDNS 1.10, and CoreDNS since) reads `dns64 PREFIX { translate_all }` as
+    /// the prefix alone: the options do nothing there, and nothing here, with a warning.
+    #[test]
+    fn options_after_a_prefix_argument_do_nothing_as_in_coredns_and_are_warned_about() {
+        let config = load("dns64 64:ff9b::/96 {\n translate_all\n allow_ipv4\n}").unwrap();
+        assert_eq!(config.servers[0].chain.before.dns64, Some(Dns64::default()));
+        let warnings: Vec<&String> = config
+            .warnings
+            .iter()
+            .filter(|w| w.contains("has no effect after a PREFIX argument"))
+            .collect();
+        assert_eq!(warnings.len(), 2, "{:?}", config.warnings);
+        assert!(warnings[0].starts_with("Corefile:3:"), "{warnings:?}");
     }
 
     #[test]
