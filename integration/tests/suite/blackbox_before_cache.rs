@@ -142,6 +142,21 @@ fn dns64_synthesizes_from_the_cached_answers_and_passes_real_aaaa_records() {
         (a_before + 1, aaaa_before + 1),
         "each question asked upstream once, then both answered from the cache"
     );
+    let translated = "coredns_dns64_requests_translated_total{server=\"dns://169.254.20.10:53\"}";
+    assert_eq!(
+        node.metric(translated).unwrap(),
+        Some(2.0),
+        "CoreDNS's counter"
+    );
+    let responses = node.http_get(stock_node::METRICS, "/metrics").unwrap();
+    assert!(
+        responses
+            .lines()
+            .any(|l| l.starts_with("coredns_dns_responses_total{")
+                && l.contains("plugin=\"dns64\"")
+                && l.ends_with(" 2")),
+        "the answers counted as dns64's: {responses}"
+    );
 
     let out = dig(
         &node,
