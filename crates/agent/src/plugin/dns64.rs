@@ -221,16 +221,11 @@ impl Dns64 {
         if header & flags::RCODE_MASK == u16::from(rcode::NXDOMAIN) || header & flags::TC != 0 {
             return false;
         }
-        if self.translate_all || response.get(6..8) == Some(&[0, 0]) {
+        if self.translate_all {
             return true;
         }
-        match Message::from_vec(response) {
-            Ok(m) => !m
-                .answers
-                .iter()
-                .any(|r| r.record_type() == RecordType::AAAA),
-            Err(_) => false,
-        }
+        // Walked, not decoded: every AAAA hit of the block comes here.
+        nodedns_wire::answers_of_type(response, rtype::AAAA) == Some(0)
     }
 
     /// The reply to the AAAA `query`, made from its AAAA answer `aaaa` and the A answer `a` to
