@@ -133,8 +133,8 @@ impl Chain {
                 .cloned()
                 .unwrap_or_else(|| hosts::Live::start(config.clone(), &metrics.hosts))
         });
-        // Only a block with `dns64` has the series, as in CoreDNS (a series appears when it
-        // first counts there).
+        // Only a block with `dns64` has the series: at 0 from its start (CoreDNS's appears at
+        // its first count).
         let translated = self.before.dns64.map(|_| {
             metrics
                 .dns64
