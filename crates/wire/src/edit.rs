@@ -81,6 +81,19 @@ pub fn set_opt_size(msg: &mut [u8], size: u16) -> bool {
     }
 }
 
+/// How many records of type `rtype` the answer section of `msg` holds (`dns64` asks whether an
+/// AAAA answer has AAAA records without decoding it); `None` when the message does not hold
+/// what its header announces.
+pub fn answers_of_type(msg: &[u8], rtype: u16) -> Option<usize> {
+    let mut n = 0;
+    walk(msg, |section, r| {
+        if section == 0 && r.rtype == rtype {
+            n += 1;
+        }
+    })
+    .then_some(n)
+}
+
 /// Rotates by `shift` the addresses of every set of A records, and of AAAA records, of one
 /// owner in each section of a NOERROR reply: CoreDNS's `loadbalance` round robin, for the
 /// record types whose RDATA has a fixed length (RFC 1035 §3.4.1, RFC 3596 §2.2) and holds no
@@ -175,6 +188,19 @@ mod tests {
     }
 
     const OPT: [u8; 11] = [0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn answers_of_a_type_are_counted_in_the_answer_section_only() {
+        let two = reply(0, &[[10, 0, 0, 1], [10, 0, 0, 2]], &OPT);
+        assert_eq!(answers_of_type(&two, rtype::A), Some(2));
+        assert_eq!(answers_of_type(&two, rtype::AAAA), Some(0));
+        assert_eq!(
+            answers_of_type(&two, rtype::OPT),
+            Some(0),
+            "OPT is additional"
+        );
+        assert_eq!(answers_of_type(&two[..two.len() - 3], rtype::A), None);
+    }
 
     #[test]
     fn addresses_rotate_by_the_shift_and_nothing_else_moves() {

@@ -45,7 +45,7 @@ mod testutil;
 
 pub mod frame;
 
-pub use edit::{rotate_addresses, set_opt_size};
+pub use edit::{answers_of_type, rotate_addresses, set_opt_size};
 pub use header::{Header, set_id};
 pub use key::{KEY_CAP, Key, build_query, ns_query, root_ns_query};
 pub use name::is_subdomain;

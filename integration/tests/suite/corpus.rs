@@ -168,10 +168,10 @@ corpus! {
         variation_rewrite_type_edns0 => "variation-rewrite-type-edns0",
         kubespray_external_zones => "kubespray-external-zones",
         variation_tls_server_block => "variation-tls-server-block",
+        kops_ipv6 => "kops-ipv6",
+        variation_dns64 => "variation-dns64",
     }
     gaps {
-        kops_ipv6 => "kops-ipv6": "dns64",
-        variation_dns64 => "variation-dns64": "dns64",
         variation_forward_next => "variation-forward-next": "forward next",
         variation_forward_two_lines => "variation-forward-two-lines": "several forward lines in one block",
         variation_pprof => "variation-pprof": "pprof: node-cache serves Go profiles, nodedns nothing (by design)",

@@ -318,6 +318,7 @@ fn server_block(
                 all.text.push('\n');
             }
             "bufsize" => server.chain.before.bufsize = plugin::bufsize::parse(d, out),
+            "dns64" => server.chain.before.dns64 = plugin::dns64::parse(d, out),
             "loadbalance" => server.chain.before.loadbalance = plugin::loadbalance::parse(d, out),
             "hosts" => server.chain.hosts = plugin::hosts::parse(d, &zones, out),
             "whoami" => server.chain.whoami = plugin::whoami::parse(d, out),

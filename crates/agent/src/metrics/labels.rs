@@ -39,9 +39,13 @@ pub enum Plugin {
     Hosts = 3,
     Whoami = 4,
     Template = 5,
+    /// `dns64`'s synthesized AAAA answers (it writes them before the cache, in any block).
+    Dns64 = 6,
 }
 /// Label values of [`Plugin`], by index.
-pub(super) const PLUGINS: [&str; 6] = ["", "cache", "forward", "hosts", "whoami", "template"];
+pub(super) const PLUGINS: [&str; 7] = [
+    "", "cache", "forward", "hosts", "whoami", "template", "dns64",
+];
 
 /// Query types with their own `type` label: CoreDNS 1.11's `monitorType`, by number, in the
 /// order of [`qtype_index`]; others are `other`. Their label is their mnemonic as CoreDNS writes
@@ -314,6 +318,7 @@ mod tests {
         assert_eq!(PLUGINS[Plugin::Hosts as usize], "hosts");
         assert_eq!(PLUGINS[Plugin::Whoami as usize], "whoami");
         assert_eq!(PLUGINS[Plugin::Template as usize], "template");
+        assert_eq!(PLUGINS[Plugin::Dns64 as usize], "dns64");
         assert_eq!(CLASSES[class_index(Class::Success)], "success");
         assert_eq!(CLASSES[class_index(Class::ServFail)], "denial");
     }

@@ -9,8 +9,9 @@
 //!   configuration, acted on by the app;
 //! - before the cache (`bufsize`, `errors`, `log`, `dnstap`, `dns64`, `loadbalance`): they see
 //!   every query, hits included (`log`, `errors` and `dnstap`, run by the pipeline around every
-//!   answer; `bufsize` and `loadbalance` in [`Before`], which edit the query's limit and the
-//!   answer written for the client);
+//!   answer; `bufsize`, `dns64` and `loadbalance` in [`Before`], which edit the query's limit
+//!   and the answer written for the client, `dns64` replacing an AAAA answer by one made from
+//!   a second look-up, `crate::serve::dns64`);
 //! - after the cache ([`Chain`]): only a query the cache could not answer gets there. The
 //!   synchronous answerers before `forward` (`template`, `hosts`) run on the listener's
 //!   thread; then `forward` (the async miss path: single-flight, the upstream pool), whose
@@ -28,6 +29,7 @@
 pub mod bind;
 pub mod bufsize;
 pub mod cache;
+pub mod dns64;
 pub mod dnstap;
 pub mod errors;
 pub mod forward;
@@ -132,8 +134,21 @@ impl Chain {
                 .cloned()
                 .unwrap_or_else(|| hosts::Live::start(config.clone(), &metrics.hosts))
         });
+        // Only a block with `dns64` has the series: at 0 from its start (CoreDNS's appears at
+        // its first count).
+        let translated = self.before.dns64.map(|_| {
+            metrics
+                .dns64
+                .translated
+                .get_or_create(&dns64::Server {
+                    server: server.to_owned(),
+                })
+                .clone()
+        });
         Live {
             before: self.before,
+            any_before: !self.before.is_empty(),
+            translated,
             rewrite: self.rewrite.as_ref().map(|r| r.value.clone()),
             template,
             hosts,
@@ -146,6 +161,10 @@ impl Chain {
 #[derive(Debug, Default)]
 pub struct Live {
     before: Before,
+    /// `!before.is_empty()`, kept: the hit path tests one flag (false by default: plain).
+    any_before: bool,
+    /// `coredns_dns64_requests_translated_total` of the block's `server`, with `dns64`.
+    translated: Option<prometheus_client::metrics::counter::Counter>,
     rewrite: Option<rewrite::Rewrite>,
     template: Vec<template::Template>,
     hosts: Option<std::sync::Arc<hosts::Live>>,
@@ -185,7 +204,14 @@ impl Live {
     /// before plugins existed.
     #[inline(always)]
     pub fn plain(&self) -> bool {
-        self.before.is_empty()
+        !self.any_before
+    }
+
+    /// Counts one answer `dns64` synthesized.
+    pub fn translated(&self) {
+        if let Some(counter) = &self.translated {
+            counter.inc();
+        }
     }
 
     /// The block's plugins before the cache.
@@ -270,6 +296,8 @@ impl Live {
 pub struct Before {
     /// `bufsize`: the largest EDNS UDP size a query keeps.
     pub bufsize: Option<bufsize::Bufsize>,
+    /// `dns64`: AAAA answers synthesized from A answers.
+    pub dns64: Option<dns64::Dns64>,
     /// `loadbalance`: round robin of A, AAAA and MX records.
     pub loadbalance: Option<loadbalance::Loadbalance>,
 }
@@ -277,7 +305,7 @@ pub struct Before {
 impl Before {
     /// Whether the block has none.
     pub fn is_empty(&self) -> bool {
-        self.bufsize.is_none() && self.loadbalance.is_none()
+        self.bufsize.is_none() && self.dns64.is_none() && self.loadbalance.is_none()
     }
 
     /// The largest answer to `query` over `proto`, given the `limit` the query sets.
@@ -358,6 +386,7 @@ impl<T> Written<T> {
 pub struct Metrics {
     pub template: template::Metrics,
     pub hosts: hosts::Metrics,
+    pub dns64: dns64::Metrics,
 }
 
 impl Metrics {
@@ -365,6 +394,7 @@ impl Metrics {
         Metrics {
             template: template::Metrics::register(registry),
             hosts: hosts::Metrics::register(registry),
+            dns64: dns64::Metrics::register(registry),
         }
     }
 }

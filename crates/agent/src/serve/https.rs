@@ -320,7 +320,7 @@ async fn answer(context: &Context, query: &[u8]) -> Option<Vec<u8>> {
                 Started::Answered(out)
             }
             Front::Dropped => Started::Dropped,
-            Front::Miss(miss) => {
+            Front::Miss(mut miss) => {
                 let (tx, rx) = oneshot::channel();
                 let waiter = Waiter {
                     query: query.into(),
@@ -328,6 +328,7 @@ async fn answer(context: &Context, query: &[u8]) -> Option<Vec<u8>> {
                     client,
                     started: now,
                     labels: miss.labels,
+                    dns64: miss.dns64.take(),
                 };
                 pipeline::spawn(shared, &runtime, miss, waiter);
                 Started::Waiting(rx)

@@ -24,6 +24,7 @@
 //! one and never blocks a reader.
 
 pub mod cascade;
+pub mod dns64;
 pub mod errors;
 pub mod https;
 pub mod loopcheck;

@@ -58,6 +58,8 @@ pub struct Miss {
     pub key: Key,
     /// The query's metric labels, for the answer's count.
     pub labels: Labels,
+    /// The AAAA answer `dns64` replaces once this miss (of the A question) is answered.
+    pub dns64: Option<Box<super::dns64::Pending>>,
 }
 
 /// A key to refresh in the background: a prefetch, or an entry just answered stale at once.
@@ -92,6 +94,8 @@ pub struct Waiter {
     pub started: Instant,
     /// Its metric labels (from [`Miss::labels`]).
     pub labels: Labels,
+    /// From [`Miss::dns64`]: `query` is an AAAA question, the fetch answers the A question.
+    pub dns64: Option<Box<super::dns64::Pending>>,
 }
 
 /// Largest answer over TCP (RFC 1035 §4.2.2: a 16-bit length).
@@ -109,14 +113,14 @@ pub struct Recorder<'a> {
 
 /// One answer, as the steps after it see it.
 #[derive(Clone, Copy)]
-struct Answered<'a> {
-    client: &'a Client,
-    query: &'a Query<'a>,
+pub(super) struct Answered<'a> {
+    pub client: &'a Client,
+    pub query: &'a Query<'a>,
     /// The question's name, lowercased (the cache key's).
-    qname: &'a [u8],
-    source: Source,
-    response: &'a [u8],
-    elapsed: Duration,
+    pub qname: &'a [u8],
+    pub source: Source,
+    pub response: &'a [u8],
+    pub elapsed: Duration,
 }
 
 /// The last steps of every answer: count it, add it to its client's figures, hand it to its
@@ -127,7 +131,7 @@ struct Answered<'a> {
 /// to the branch that logs, instead of a slice's pointer and length across the counting.
 #[inline(always)]
 #[allow(clippy::ptr_arg)]
-fn record(
+pub(super) fn record(
     to: &Recorder<'_>,
     labels: Labels,
     taps: &[Arc<Tap>],
@@ -224,11 +228,25 @@ pub fn answer(
         cache: cache.is_some(),
         log: to.log.logs(!zone.server.log.is_empty()),
     };
-    // The plugins before the cache (`bufsize`) may lower the client's limit.
+    // The plugins before the cache (`bufsize`) may lower the client's limit; `dns64` takes
+    // the AAAA queries it translates.
     let limit = if zone.plugins.plain() {
         limit
     } else {
-        zone.plugins.before().limit(&query, client.proto, limit)
+        let before = zone.plugins.before();
+        let limit = before.limit(&query, client.proto, limit);
+        if let Some(dns64) = before.dns64.filter(|d| d.takes(&query, client.addr)) {
+            let at = Chained {
+                to,
+                zone,
+                forward: route.forward,
+                labels,
+                client,
+                limit,
+            };
+            return super::dns64::front(&at, dns64, &query, key, now, out);
+        }
+        limit
     };
     // Outside the block's `forward` (no forward, not under FROM, or an `except` name), in a
     // block with no other plugin after the cache: the end of CoreDNS's chain, SERVFAIL. (A
@@ -339,7 +357,7 @@ pub fn answer(
 
 /// Whether a stale entry is answered without asking the upstream first (the cache's rule, told
 /// whether every upstream of the block is marked down).
-fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> bool {
+pub(super) fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> bool {
     let down = zone.group.as_ref().is_some_and(|g| !g.healthy());
     cache.stale_at_once(entry, down, now)
 }
@@ -350,7 +368,7 @@ fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> boo
 /// first message, and caches it). Checked here, after the lookup, so a hit pays nothing for it;
 /// a transfer is never stored, so it never hits.
 #[inline]
-fn upstream(
+pub(super) fn upstream(
     to: &Recorder<'_>,
     zone: &Arc<Zone>,
     key: Key,
@@ -376,27 +394,29 @@ fn upstream(
         zone: zone.clone(),
         key,
         labels,
+        dns64: None,
     })
 }
 
 /// The block's plugins before the cache (`crate::plugin::Before`: `bufsize`, `loadbalance`), on
 /// the answer to `query` written in `out`. A block without them tests one flag.
 #[inline(always)]
-fn before_cache(zone: &Zone, query: &Query<'_>, out: &mut Vec<u8>) {
+pub(super) fn before_cache(zone: &Zone, query: &Query<'_>, out: &mut Vec<u8>) {
     if !zone.plugins.plain() {
         zone.plugins.before().served(query, out);
     }
 }
 
 /// Where [`chain`] answers: the query's block and how it was routed and labelled.
-struct Chained<'a> {
-    to: &'a Recorder<'a>,
-    zone: &'a Arc<Zone>,
+#[derive(Clone, Copy)]
+pub(super) struct Chained<'a> {
+    pub to: &'a Recorder<'a>,
+    pub zone: &'a Arc<Zone>,
     /// Whether the block's `forward` takes the name.
-    forward: bool,
-    labels: Labels,
-    client: &'a Client,
-    limit: usize,
+    pub forward: bool,
+    pub labels: Labels,
+    pub client: &'a Client,
+    pub limit: usize,
 }
 
 /// The block's plugins after the cache (`crate::plugin`), for a query the cache did not answer:
@@ -414,6 +434,37 @@ fn chain(
     now: Instant,
     out: &mut Vec<u8>,
 ) -> Option<Front> {
+    let source = chained(at, query, key, cache, now, out)?;
+    before_cache(at.zone, query, out);
+    let answered = Answered {
+        client: at.client,
+        query,
+        qname: key.qname(),
+        source,
+        response: out,
+        elapsed: Duration::ZERO,
+    };
+    record(
+        at.to,
+        at.labels,
+        &at.zone.taps,
+        &at.zone.server.log,
+        answered,
+    );
+    Some(Front::Answered)
+}
+
+/// What [`chain`] answers, written in `out` (for `at.limit`) and not recorded: what answered,
+/// or `None` when `forward` takes the query.
+#[cold]
+pub(super) fn chained(
+    at: &Chained<'_>,
+    query: &Query<'_>,
+    key: &Key,
+    cache: Option<&Arc<nodedns_cache::Cache>>,
+    now: Instant,
+    out: &mut Vec<u8>,
+) -> Option<Source> {
     let request = plugin::Request {
         query,
         key,
@@ -468,23 +519,7 @@ fn chain(
             Source::Unhandled
         }
     };
-    before_cache(at.zone, query, out);
-    let answered = Answered {
-        client: at.client,
-        query,
-        qname: key.qname(),
-        source,
-        response: out,
-        elapsed: Duration::ZERO,
-    };
-    record(
-        at.to,
-        at.labels,
-        &at.zone.taps,
-        &at.zone.server.log,
-        answered,
-    );
-    Some(Front::Answered)
+    Some(source)
 }
 
 fn malformed(counters: &Counters, packet: &[u8], err: ParseError, out: &mut Vec<u8>) -> Front {
@@ -624,8 +659,8 @@ fn stored_meanwhile(zone: &Zone, key: &Key) -> Option<Outcome> {
 /// waiting so far get the stale entry, if there is one, while the fetch goes on to refresh the
 /// cache and to answer whoever joins it later.
 async fn fetch_or_stale_after(
-    shared: &Shared,
-    zone: &Zone,
+    shared: &Arc<Shared>,
+    zone: &Arc<Zone>,
     key: &Key,
     store: bool,
     timeout: Duration,
@@ -650,7 +685,12 @@ async fn fetch_or_stale_after(
 }
 
 /// Ends the fetch for `key` and answers every client that waited for it; returns how many.
-pub(super) fn complete(shared: &Shared, zone: &Zone, key: &Key, outcome: &Outcome) -> usize {
+pub(super) fn complete(
+    shared: &Arc<Shared>,
+    zone: &Arc<Zone>,
+    key: &Key,
+    outcome: &Outcome,
+) -> usize {
     let waiters = zone.flights.complete(key.as_bytes());
     let joined = waiters.len();
     for waiter in waiters {
@@ -778,8 +818,9 @@ fn outcome(updated: Updated) -> Outcome {
 }
 
 /// Answers one client that waited for `zone`'s fetch.
-fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome) {
-    let Ok(query) = Query::parse(&waiter.query) else {
+fn answer_waiter(shared: &Arc<Shared>, zone: &Arc<Zone>, mut waiter: Waiter, outcome: &Outcome) {
+    let bytes = std::mem::take(&mut waiter.query);
+    let Ok(query) = Query::parse(&bytes) else {
         return;
     };
     let limit = match waiter.client.proto {
@@ -794,24 +835,18 @@ fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome
             .limit(&query, waiter.client.proto, limit)
     };
     let mut out = Vec::with_capacity(512);
-    let source = match outcome {
-        // What the fetch just brought goes out with the upstream's AA, as node-cache relays it;
-        // only what is served from the cache (a stale entry here) sets AA.
-        Outcome::Entry(entry, ttl, Source::Upstream) => {
-            entry.reply().write_relayed(&query, *ttl, limit, &mut out);
-            Source::Upstream
-        }
-        Outcome::Entry(entry, ttl, source) => {
-            entry.reply().write_answer(&query, *ttl, limit, &mut out);
-            *source
-        }
-        Outcome::Reply(reply, ttl) => {
-            reply.write_relayed(&query, *ttl, limit, &mut out);
-            Source::Upstream
-        }
-        Outcome::Failed => {
-            nodedns_wire::write_error(&query, rcode::SERVFAIL.into(), &mut out);
-            Source::ServFail
+    // A waiter of a block with plugins before the cache may be `dns64`'s (a waiter keeps the
+    // zone of its miss, and a reload may have dropped `dns64` from it since).
+    let source = if zone.plugins.plain() && waiter.dns64.is_none() {
+        written(&query, limit, outcome, &mut out)
+    } else {
+        match super::dns64::waiter(shared, zone, waiter, &query, limit, outcome, &mut out) {
+            Some((source, back)) => {
+                waiter = back;
+                source
+            }
+            // Handed to the fetch of the A question.
+            None => return,
         }
     };
     before_cache(zone, &query, &mut out);
@@ -833,6 +868,35 @@ fn answer_waiter(shared: &Shared, zone: &Zone, waiter: Waiter, outcome: &Outcome
     };
     record(&to, labels, &zone.taps, &zone.server.log, answered);
     send(shared, waiter.reply_to, waiter.client.addr, out);
+}
+
+/// The answer a fetch's `outcome` gives `query`, written in `out` for `limit`.
+pub(super) fn written(
+    query: &Query<'_>,
+    limit: usize,
+    outcome: &Outcome,
+    out: &mut Vec<u8>,
+) -> Source {
+    match outcome {
+        // What the fetch just brought goes out with the upstream's AA, as node-cache relays it;
+        // only what is served from the cache (a stale entry here) sets AA.
+        Outcome::Entry(entry, ttl, Source::Upstream) => {
+            entry.reply().write_relayed(query, *ttl, limit, out);
+            Source::Upstream
+        }
+        Outcome::Entry(entry, ttl, source) => {
+            entry.reply().write_answer(query, *ttl, limit, out);
+            *source
+        }
+        Outcome::Reply(reply, ttl) => {
+            reply.write_relayed(query, *ttl, limit, out);
+            Source::Upstream
+        }
+        Outcome::Failed => {
+            nodedns_wire::write_error(query, rcode::SERVFAIL.into(), out);
+            Source::ServFail
+        }
+    }
 }
 
 /// Sends one answer. UDP sends never block: a full socket buffer drops the answer (counted), as
@@ -1124,6 +1188,7 @@ mod tests {
             client,
             started: Instant::now(),
             labels: miss.labels,
+            dns64: None,
         };
         spawn(&shared, &runtime, miss, waiter);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -1196,6 +1261,7 @@ mod tests {
             client,
             started: now,
             labels: miss.labels,
+            dns64: None,
         };
         spawn(&shared, &tokio::runtime::Handle::current(), miss, waiter);
         let mut buf = [0u8; 512];
@@ -1323,6 +1389,169 @@ mod tests {
         assert_eq!(out[3] & 0x0f, 2, "SERVFAIL");
     }
 
+    /// `query` with its question's type `qtype`.
+    fn of_type(mut query: Vec<u8>, qtype: u16) -> Vec<u8> {
+        let at = 12 + NAME.len();
+        query[at..at + 2].copy_from_slice(&qtype.to_be_bytes());
+        query
+    }
+
+    /// The NODATA answer to the AAAA `query`, its SOA's TTL 50.
+    fn nodata(query: &[u8]) -> Reply {
+        use hickory_proto::rr::{Name, RData, Record, rdata};
+        let mut nodata = Message::from_vec(query).unwrap();
+        nodata.metadata.message_type = hickory_proto::op::MessageType::Response;
+        nodata.authorities.push(Record::from_rdata(
+            Name::from_ascii("example.").unwrap(),
+            50,
+            RData::SOA(rdata::SOA::new(
+                Name::from_ascii("ns.example.").unwrap(),
+                Name::from_ascii("hostmaster.example.").unwrap(),
+                1,
+                7200,
+                1800,
+                86400,
+                300,
+            )),
+        ));
+        Reply::parse(&plugin::encode(&nodata).unwrap()).unwrap()
+    }
+
+    /// The snapshot of [`config`] forwarding to `upstream`, with `dns64`.
+    fn dns64_snapshot(
+        shared: &Shared,
+        upstream: SocketAddr,
+        dns64: crate::plugin::dns64::Dns64,
+    ) -> Snapshot {
+        let mut config = config(LISTEN, upstream);
+        config.servers[0].chain.before.dns64 = Some(dns64);
+        snapshot(config, shared)
+    }
+
+    /// A block with `dns64` whose cache holds the AAAA NODATA (SOA TTL 50) and the A answer
+    /// (TTL 60) of a name: an IPv6 client's AAAA query is answered at once, from both entries,
+    /// not authoritative, with the smaller TTL; an IPv4 client gets the NODATA as cached.
+    #[tokio::test]
+    async fn dns64_answers_from_two_cached_entries_on_the_listeners_thread() {
+        let (shared, upstream) = agent_before_a_closed_port();
+        let snap = dns64_snapshot(&shared, upstream, Default::default());
+        let now = Instant::now();
+        let cache = snap.zones[0].cache.as_ref().unwrap();
+        let key = |q: &[u8]| Query::parse(q).unwrap().key();
+        let aaaa_query = of_type(client_query(1), rtype::AAAA);
+        cache.store(key(&aaaa_query).as_bytes(), nodata(&aaaa_query), now);
+        let a_query = client_query(1);
+        let a = Reply::parse(&a_answer(&a_query, Ipv4Addr::new(10, 0, 0, 1))).unwrap();
+        cache.store(key(&a_query).as_bytes(), a, now);
+        let counters = shared.metrics.worker(LISTEN);
+        let log = shared.querylog.single_writer();
+        let to = Recorder {
+            counters: &counters,
+            log: &log,
+            clients: None,
+        };
+        let mut out = Vec::new();
+        let v6 = Client {
+            proto: Proto::Udp,
+            addr: "[fd00::7]:40000".parse().unwrap(),
+        };
+        let query = of_type(client_query(0x77), rtype::AAAA);
+        let front = answer(&to, &snap, &query, LISTEN, &v6, now, &mut out);
+        assert!(matches!(front, Front::Answered), "{front:?}");
+        let reply = Message::from_vec(&out).unwrap();
+        assert_eq!(reply.metadata.id, 0x77);
+        assert!(!reply.metadata.authoritative, "synthesized");
+        let answers: Vec<String> = reply.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(answers, ["stale.example. 50 IN AAAA 64:ff9b::a00:1"]);
+
+        let v4 = Client {
+            proto: Proto::Udp,
+            addr: "10.244.0.7:40000".parse().unwrap(),
+        };
+        let front = answer(&to, &snap, &query, LISTEN, &v4, now, &mut out);
+        assert!(matches!(front, Front::Answered), "{front:?}");
+        let reply = Message::from_vec(&out).unwrap();
+        assert!(reply.metadata.authoritative, "the cached NODATA");
+        assert!(reply.answers.is_empty());
+        assert_eq!(reply.authorities.len(), 1);
+    }
+
+    /// A cached AAAA NODATA whose A answer is not cached: the query becomes a miss of the A
+    /// question, which goes upstream; when it comes, the client gets the AAAA answer made from
+    /// it, and the A answer is cached.
+    #[tokio::test]
+    async fn dns64_fetches_the_a_answer_a_cached_nodata_needs() {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let upstream = socket.local_addr().unwrap();
+        let (arrived, release) = holding_upstream(socket);
+        let shared = agent_forwarding_to(upstream);
+        let dns64 = crate::plugin::dns64::Dns64 {
+            allow_ipv4: true,
+            ..Default::default()
+        };
+        let snap = dns64_snapshot(&shared, upstream, dns64);
+        let now = Instant::now();
+        let cache = snap.zones[0].cache.as_ref().unwrap();
+        let aaaa_query = of_type(client_query(1), rtype::AAAA);
+        let aaaa_key = Query::parse(&aaaa_query).unwrap().key();
+        cache.store(aaaa_key.as_bytes(), nodata(&aaaa_query), now);
+        let counters = shared.metrics.worker(LISTEN);
+        let log = shared.querylog.single_writer();
+        let to = Recorder {
+            counters: &counters,
+            log: &log,
+            clients: None,
+        };
+        let (client_socket, client) = udp_client();
+        let query = of_type(client_query(0x99), rtype::AAAA);
+        let mut out = Vec::new();
+        let Front::Miss(mut miss) = answer(&to, &snap, &query, LISTEN, &client, now, &mut out)
+        else {
+            panic!("the A question misses");
+        };
+        assert_eq!(miss.key.qtype(), rtype::A);
+        let waiter = Waiter {
+            query: query.as_slice().into(),
+            reply_to: ReplyTo::Udp(Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap())),
+            client,
+            started: now,
+            labels: miss.labels,
+            dns64: miss.dns64.take(),
+        };
+        assert!(waiter.dns64.is_some(), "the AAAA answer waits with it");
+        spawn(&shared, &tokio::runtime::Handle::current(), miss, waiter);
+        let (asked, release) = tokio::task::spawn_blocking(move || {
+            let asked = arrived.recv_timeout(Duration::from_secs(5));
+            (asked, release)
+        })
+        .await
+        .unwrap();
+        asked.expect("the A question went upstream");
+        release.send(Ipv4Addr::new(10, 0, 0, 5)).unwrap();
+        let mut buf = [0u8; 512];
+        let got = tokio::task::spawn_blocking(move || {
+            client_socket.recv(&mut buf).map(|n| buf[..n].to_vec())
+        })
+        .await
+        .unwrap()
+        .expect("the client's answer");
+        let reply = Message::from_vec(&got).unwrap();
+        assert_eq!(reply.metadata.id, 0x99);
+        assert_eq!(
+            reply.queries[0].query_type(),
+            hickory_proto::rr::RecordType::AAAA
+        );
+        assert!(!reply.metadata.authoritative);
+        let answers: Vec<String> = reply.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(answers, ["stale.example. 50 IN AAAA 64:ff9b::a00:5"]);
+        let a_key = Query::parse(&client_query(1)).unwrap().key();
+        assert!(matches!(
+            cache.lookup(a_key.as_bytes(), Instant::now()),
+            Lookup::Fresh { .. }
+        ));
+        drop(release);
+    }
+
     /// A block with `loadbalance` and `bufsize 512`: hits of a stored three-address entry come
     /// out rotated by the query's ID, and an EDNS client's 1232 is answered with 512.
     #[tokio::test]
@@ -1331,6 +1560,7 @@ mod tests {
         let mut config = config(LISTEN, upstream);
         config.servers[0].chain.before = crate::plugin::Before {
             bufsize: Some(crate::plugin::bufsize::Bufsize { size: 512 }),
+            dns64: None,
             loadbalance: Some(crate::plugin::loadbalance::Loadbalance),
         };
         let snap = snapshot(config, &shared);

@@ -81,6 +81,9 @@ pub enum Source {
     /// SERVFAIL at the end of the block's chain: no plugin took the query (its `forward` does
     /// not take the name and nothing else answered), as CoreDNS's `NextOrFailure`.
     Unhandled,
+    /// `dns64`'s AAAA answer, made from the A answer (before the cache, so never stored); the
+    /// class of the AAAA entry when the AAAA answer was a hit.
+    Dns64(Option<Class>),
 }
 
 impl Source {
@@ -99,6 +102,7 @@ impl Source {
             Source::ServFail | Source::Refused | Source::PluginServFail | Source::Unhandled => {
                 Plugin::None
             }
+            Source::Dns64(_) => Plugin::Dns64,
         }
     }
 
@@ -119,6 +123,9 @@ impl Source {
             | Source::Unhandled => CacheUse::Miss,
             Source::StaleAfterMiss => CacheUse::StaleMiss,
             Source::Refused => CacheUse::Bypassed,
+            // How the AAAA question went through the cache (the A look-up is not counted).
+            Source::Dns64(Some(class)) => CacheUse::Hit(class),
+            Source::Dns64(None) => CacheUse::Miss,
         }
     }
 
@@ -127,7 +134,9 @@ impl Source {
     #[inline]
     pub fn path(self, cache: bool) -> Path {
         match self {
-            Source::Hit(_) | Source::StaleHit(_) => Path::Hit,
+            Source::Hit(_) | Source::StaleHit(_) | Source::Dns64(Some(_)) => Path::Hit,
+            Source::Dns64(None) if cache => Path::Miss,
+            Source::Dns64(None) => Path::Uncached,
             Source::Upstream
             | Source::FreshAfterMiss(_)
             | Source::StaleAfterMiss
@@ -163,6 +172,7 @@ impl Source {
             Source::Plugin(_) => "plugin",
             Source::PluginServFail => "plugin-servfail",
             Source::Unhandled => "no-plugin",
+            Source::Dns64(_) => "dns64",
         }
     }
 }
@@ -198,5 +208,9 @@ mod tests {
         assert_eq!(Source::Refused.path(true), Path::Local);
         assert_eq!(Source::ServFail.plugin(false), Plugin::None);
         assert_eq!(Source::Plugin(Plugin::Hosts).plugin(false), Plugin::Hosts);
+        assert_eq!(Source::Dns64(Some(s)).plugin(true), Plugin::Dns64);
+        assert_eq!(Source::Dns64(Some(s)).cache_use(true), Hit(s));
+        assert_eq!(Source::Dns64(None).cache_use(true), Miss);
+        assert_eq!(Source::Dns64(None).path(false), Path::Uncached);
     }
 }

@@ -524,7 +524,7 @@ async fn serve_connection<S: Stream>(
                 // Not a query (or no header): a client speaking garbage on TCP gets closed.
                 break;
             }
-            Front::Miss(miss) => {
+            Front::Miss(mut miss) => {
                 drop(room);
                 let waiter = Waiter {
                     query: query.into(),
@@ -535,6 +535,7 @@ async fn serve_connection<S: Stream>(
                     client,
                     started: now,
                     labels: miss.labels,
+                    dns64: miss.dns64.take(),
                 };
                 pipeline::spawn(&shared, &runtime, miss, waiter);
             }

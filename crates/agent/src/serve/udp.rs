@@ -210,13 +210,14 @@ impl Worker {
                     self.answers.push(slot);
                     pipeline::refresh(shared, runtime, refresh);
                 }
-                Front::Miss(miss) => {
+                Front::Miss(mut miss) => {
                     let waiter = Waiter {
                         query: packet.into(),
                         reply_to: ReplyTo::Udp(socket.clone()),
                         client,
                         started: now,
                         labels: miss.labels,
+                        dns64: miss.dns64.take(),
                     };
                     pipeline::spawn(shared, runtime, miss, waiter);
                 }
