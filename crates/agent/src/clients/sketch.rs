@@ -606,7 +606,14 @@ impl Distinct {
     pub fn estimate(&self) -> u32 {
         let m = REGISTERS as f64;
         let zeros = self.0.iter().filter(|&&r| r == 0).count();
-        let sum: f64 = self.0.iter().map(|&r| (-f64::from(r)).exp2()).sum();
+        // 2^-r built from its exponent bits (exact, as `exp2` of an integer is): the estimate
+        // runs on every upstream query of a watched client, and 64 calls into libm's `exp2`
+        // were a tenth of a miss's instructions. A rank is at most 59, far from subnormals.
+        let sum: f64 = self
+            .0
+            .iter()
+            .map(|&r| f64::from_bits((1023 - u64::from(r)) << 52))
+            .sum();
         let raw = 0.709 * m * m / sum;
         let estimate = if raw <= 2.5 * m && zeros > 0 {
             m * (m / zeros as f64).ln()
@@ -714,6 +721,29 @@ mod tests {
             assert!(err <= 0.3, "{n} distinct estimated {e}");
         }
         assert_eq!(Distinct::default().estimate(), 0);
+    }
+
+    #[test]
+    fn the_estimate_sums_the_same_powers_of_two_as_exp2() {
+        // Every rank a register can hold (0 to 59), in registers of one sketch.
+        let mut d = Distinct::default();
+        for (i, r) in d.0.iter_mut().enumerate() {
+            *r = (i % 60) as u8;
+        }
+        for r in 0..=59u8 {
+            let bits = f64::from_bits((1023 - u64::from(r)) << 52);
+            assert_eq!(bits, (-f64::from(r)).exp2(), "rank {r}");
+        }
+        let m = REGISTERS as f64;
+        let sum: f64 = d.0.iter().map(|&r| (-f64::from(r)).exp2()).sum();
+        let raw = 0.709 * m * m / sum;
+        let zeros = d.0.iter().filter(|&&r| r == 0).count() as f64;
+        let expected = if raw <= 2.5 * m {
+            m * (m / zeros).ln()
+        } else {
+            raw
+        };
+        assert_eq!(d.estimate(), expected.round() as u32);
     }
 
     #[test]
