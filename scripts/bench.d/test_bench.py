@@ -1,4 +1,4 @@
-"""Tests of scripts/bench and scripts/callgrind-hit.
+"""Tests of scripts/bench, scripts/callgrind-hit and scripts/callgrind-miss.
 
     python3 scripts/bench.d/test_bench.py            # everything (the smoke run takes ~40 s)
     NODEDNS_BENCH_SMOKE=0 python3 scripts/bench.d/test_bench.py   # without the smoke run
@@ -37,6 +37,7 @@ def load(name):
 
 bench = load("bench")
 callgrind = load("callgrind-hit")
+miss = load("callgrind-miss")
 
 DNSPERF_OUTPUT = """\
 [Status] Command line: dnsperf -s 127.0.0.1 -p 26311 -d hot.txt -l 1 -Q 50 -v
@@ -207,6 +208,35 @@ fi=(2) inlined.rs
             self.assertEqual(callgrind.totals(f.name), 1000)
         finally:
             os.unlink(f.name)
+
+
+class CallgrindMiss(unittest.TestCase):
+    STRACE = """\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 61.20    0.012000           3      4000      1900 recvfrom
+ 20.10    0.004000           2      2000           sendto
+  0.00    0.000000           0         1         1 access
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.016000           2      6001      1901 total
+"""
+
+    def test_strace_counts_read_calls_by_name_with_or_without_errors(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(self.STRACE)
+        try:
+            self.assertEqual(miss.strace_counts(f.name), {"recvfrom": 4000, "sendto": 2000, "access": 1})
+        finally:
+            os.unlink(f.name)
+
+    def test_frames_leave_the_allocator_out(self):
+        fs = ["[root]",
+              "0x48417B4: malloc (in /usr/libexec/valgrind/vgpreload_dhat-amd64-linux.so)",
+              "0x7E1F6B: alloc (library/alloc/src/alloc.rs:95)",
+              "0x742171: nodedns_cache::store::Cache::store (store.rs:293)",
+              "0x742172: nodedns_agent::serve::pipeline::fetch::{{closure}} (pipeline.rs:702)"]
+        self.assertEqual(miss.frames(fs), ["nodedns_cache::store::Cache::store (store.rs:293)",
+                                           "nodedns_agent::serve::pipeline::fetch::{{closure}} (pipeline.rs:702)"])
 
 
 def free_port_pair(start):

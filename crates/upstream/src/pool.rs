@@ -197,7 +197,9 @@ impl<D: Dial> Pool<D> {
     /// Opens a connection for the pool (counted in the pool's metrics).
     async fn dial(&self) -> Result<Conn<D::Conn>, Fault> {
         self.metrics.tcp_misses.inc();
-        let stream = self.connect().await?;
+        // Boxed: a TLS handshake's future holds the session's state (kilobytes), and inline it
+        // would sit in the task of every query, which nearly always takes an idle connection.
+        let stream = Box::pin(self.connect()).await?;
         self.metrics.connects.inc();
         Ok(Conn {
             stream,

@@ -617,29 +617,35 @@ fn refreshed_by_plugins(zone: &Zone, key: &Key) -> bool {
 
 /// Resolves a miss: joins (or leads) the fetch for its key, and when the fetch ends, answers
 /// every waiter.
+///
+/// Its future is each pending miss's task, so what it holds across the fetch is kept small:
+/// the miss is read in place (a moved copy of the key would be another 262 bytes), and the
+/// rare `verify` fetch is boxed.
 async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: InFlight) {
-    let Miss { zone, key, .. } = miss;
+    let (zone, key) = (&miss.zone, &miss.key);
     // A probe of the loop check is answered but never stored: a cached answer (a SERVFAIL from
     // the looping upstream, say) would hide its next arrival from the check.
-    let probe = shared.loops.armed() && shared.loops.arrived(&key, waiter.client.addr);
+    let probe = shared.loops.armed() && shared.loops.arrived(key, waiter.client.addr);
     match zone.flights.join(key.as_bytes(), waiter) {
         Joined::Leader => {}
         Joined::Follower => return,
         Joined::Full(waiter) => {
             shared.metrics.counters().flight_full();
-            answer_waiter(&shared, &zone, waiter, &Outcome::Failed);
+            answer_waiter(&shared, zone, waiter, &Outcome::Failed);
             return;
         }
     }
-    let outcome = match stored_meanwhile(&zone, &key) {
+    let outcome = match stored_meanwhile(zone, key) {
         Some(outcome) => outcome,
         None => match zone.cache.as_ref().and_then(|c| c.verify_timeout()) {
-            Some(timeout) => fetch_or_stale_after(&shared, &zone, &key, !probe, timeout).await,
-            None => fetch(&shared, &zone, &key, !probe).await,
+            Some(timeout) => {
+                Box::pin(fetch_or_stale_after(&shared, zone, key, !probe, timeout)).await
+            }
+            None => fetch(&shared, zone, key, !probe).await,
         },
     };
-    super::cascade::follow(&shared, &zone, &key, &outcome);
-    complete(&shared, &zone, &key, &outcome);
+    super::cascade::follow(&shared, zone, key, &outcome);
+    complete(&shared, zone, key, &outcome);
 }
 
 /// The fresh entry a fetch stored between this miss's cache look-up and its join, if one did:
