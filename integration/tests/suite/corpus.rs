@@ -166,13 +166,13 @@ corpus! {
         issue_dns_525_rewrite => "issue-dns-525-rewrite",
         variation_rewrite_answer_auto => "variation-rewrite-answer-auto",
         variation_rewrite_type_edns0 => "variation-rewrite-type-edns0",
+        variation_forward_next => "variation-forward-next",
+        variation_forward_two_lines => "variation-forward-two-lines",
     }
     gaps {
         kubespray_external_zones => "kubespray-external-zones": "https:// server block",
         kops_ipv6 => "kops-ipv6": "dns64",
         variation_dns64 => "variation-dns64": "dns64",
-        variation_forward_next => "variation-forward-next": "forward next",
-        variation_forward_two_lines => "variation-forward-two-lines": "several forward lines in one block",
         variation_pprof => "variation-pprof": "pprof: node-cache serves Go profiles, nodedns nothing (by design)",
         variation_tls_server_block => "variation-tls-server-block": "tls:// server block (plain DNS over TCP in node-cache)",
     }
