@@ -20,6 +20,10 @@ pub struct Router {
 struct Entry {
     listen: Vec<SocketAddr>,
     zones: Vec<Box<[u8]>>,
+    /// Per zone: whether one `forward` line takes every name of it (its FROM is the zone or
+    /// above, and it has no `except`), decided once here so that most queries never look at
+    /// the lines.
+    whole: Vec<bool>,
     /// The block's `forward` lines, in file order; empty when it does not forward.
     forwards: Vec<Takes>,
 }
@@ -100,10 +104,23 @@ impl Router {
         Router {
             blocks: servers
                 .iter()
-                .map(|s| Entry {
-                    listen: s.listen.clone(),
-                    zones: s.zones.iter().map(wire).collect(),
-                    forwards: s.forwards.iter().map(Takes::new).collect(),
+                .map(|s| {
+                    let zones: Vec<Box<[u8]>> = s.zones.iter().map(wire).collect();
+                    let forwards: Vec<Takes> = s.forwards.iter().map(Takes::new).collect();
+                    let whole = zones
+                        .iter()
+                        .map(|z| {
+                            forwards
+                                .iter()
+                                .any(|f| f.except.is_empty() && is_under(z, &f.from) == Some(true))
+                        })
+                        .collect();
+                    Entry {
+                        listen: s.listen.clone(),
+                        zones,
+                        whole,
+                        forwards,
+                    }
                 })
                 .collect(),
         }
@@ -132,11 +149,13 @@ impl Router {
         }
         let (server, zone) = best?;
         let block = &self.blocks[server];
-        let mut forward = false;
-        for f in &block.forwards {
-            if f.takes(qname, Some(&block.zones[zone]))? {
-                forward = true;
-                break;
+        let mut forward = block.whole[zone];
+        if !forward {
+            for f in &block.forwards {
+                if f.takes(qname, Some(&block.zones[zone]))? {
+                    forward = true;
+                    break;
+                }
             }
         }
         Some(Route {
