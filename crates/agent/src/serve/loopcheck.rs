@@ -232,7 +232,7 @@ pub struct Target {
     pub group: Arc<Group>,
 }
 
-/// The zones of `snap` to probe: every zone of a block with `loop` whose `forward` takes it (a
+/// The zones of `snap` to probe: every zone of a block with `loop` that a `forward` line takes (a
 /// zone outside FROM, or under an `except`, never reaches the upstream through this block).
 pub fn targets(snap: &Snapshot) -> Vec<Target> {
     let mut out = Vec::new();

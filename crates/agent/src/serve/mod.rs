@@ -104,7 +104,7 @@ impl Zone {
 /// Why a snapshot could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    /// A block's `forward` has upstream settings the pool refuses.
+    /// One of a block's `forward` lines has upstream settings the pool refuses.
     #[error("forward of {zones}")]
     Forward {
         zones: String,
@@ -212,8 +212,8 @@ impl Snapshot {
         })
     }
 
-    /// The block serving `qname` (lowercase wire form) on `local`, and whether its `forward`
-    /// takes the name.
+    /// The block serving `qname` (lowercase wire form) on `local`, and whether one of its
+    /// `forward` lines takes the name.
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<(&Arc<Zone>, Route)> {
         let route = self.router.route(qname, local)?;
         Some((self.zones.get(route.server)?, route))

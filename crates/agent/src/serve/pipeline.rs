@@ -228,7 +228,7 @@ pub fn answer(
     } else {
         zone.plugins.before().limit(&query, client.proto, limit)
     };
-    // Outside the block's `forward` (no forward, not under FROM, or an `except` name), in a
+    // Outside the block's `forward` lines (none, not under a FROM, or an `except` name), in a
     // block with no other plugin after the cache: the end of CoreDNS's chain, SERVFAIL. (A
     // block that forwards everything never tests more than `route.forward` here.)
     if !route.forward && zone.plugins.is_empty() {
@@ -390,7 +390,7 @@ fn before_cache(zone: &Zone, query: &Query<'_>, out: &mut Vec<u8>) {
 struct Chained<'a> {
     to: &'a Recorder<'a>,
     zone: &'a Arc<Zone>,
-    /// Whether the block's `forward` takes the name.
+    /// Whether one of the block's `forward` lines takes the name.
     forward: bool,
     labels: Labels,
     client: &'a Client,
