@@ -930,7 +930,20 @@ fn apply_kubedns(
             if !p.server.zones.iter().any(|z| z == ".") {
                 continue;
             }
-            for f in p.server.forwards.iter_mut().filter(|f| f.from == ".") {
+            // node-cache fills `__PILLAR__UPSTREAM__SERVERS__` only: when a `forward .` line of
+            // the block was filled from it already, its other `forward .` lines (a `next`
+            // chain) keep their own upstreams.
+            let filled = p
+                .server
+                .forwards
+                .iter()
+                .any(|f| f.from == "." && f.upstream.addrs == *upstreams);
+            for f in p
+                .server
+                .forwards
+                .iter_mut()
+                .filter(|f| f.from == "." && (!filled || f.upstream.addrs == *upstreams))
+            {
                 f.upstream.addrs.clone_from(upstreams);
                 f.upstream.tls = None;
                 f.upstream.transport = Transport::PreferUdp;

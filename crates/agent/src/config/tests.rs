@@ -2291,6 +2291,37 @@ fn upstream_nameservers_replace_the_root_upstreams_over_udp() {
 }
 
 #[test]
+fn upstream_nameservers_replace_only_the_pillar_line_of_a_next_chain() {
+    let chain = block(
+        "    forward . 10.0.0.1 {
+        force_tcp
+        next NXDOMAIN
+    }
+    forward . __PILLAR__UPSTREAM__SERVERS__",
+    );
+    let c = build(
+        &stock_args(),
+        &with_kubedns(inputs(&chain), None, Some(r#"["9.9.9.9"]"#)),
+    )
+    .unwrap();
+    let lines = &c.servers[0].forwards;
+    assert_eq!(
+        (
+            lines[0].upstream.addrs.as_slice(),
+            lines[0].upstream.transport
+        ),
+        (&[addr("10.0.0.1:53")][..], Transport::Tcp)
+    );
+    assert_eq!(
+        (
+            lines[1].upstream.addrs.as_slice(),
+            lines[1].upstream.transport
+        ),
+        (&[addr("9.9.9.9:53")][..], Transport::PreferUdp)
+    );
+}
+
+#[test]
 fn invalid_kube_dns_entries_are_all_reported() {
     let i = with_kubedns(
         inputs(&stock_corefile_after_install()),
