@@ -1,8 +1,8 @@
 //! Several `forward` lines in one server block, against two real upstreams (Knot), as CoreDNS
 //! chains them: each name goes to the first line, in file order, whose FROM holds it and whose
 //! `except` names do not; `next NXDOMAIN` asks the next line that takes the name when the first
-//! one's upstream answers NXDOMAIN; the answer that stands is cached, and counted under the
-//! upstream that gave it (`to`).
+//! one's upstream answers NXDOMAIN, and when no later line takes it the query ends in SERVFAIL;
+//! the answer that stands is cached, and counted under the upstream that gave it (`to`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -92,6 +92,13 @@ fn each_name_goes_to_its_forward_line_and_next_nxdomain_asks_the_following_one()
     forward . {second}
     prometheus {admin}
 }}
+example.net:{port} {{
+    bind 127.0.0.1
+    forward . {first} {{
+        next REFUSED
+    }}
+    forward example.org {second}
+}}
 ",
         first = first.addr(),
         second = second.addr(),
@@ -153,6 +160,17 @@ fn each_name_goes_to_its_forward_line_and_next_nxdomain_asks_the_following_one()
     let r = ask(&process, agent, "nowhere.example.com.");
     assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
     assert_eq!(counts(), (before.0 + 1, before.1 + 1));
+
+    // A reply passed on by `next` to lines none of which takes the name: SERVFAIL, as at the
+    // end of CoreDNS's chain (the first upstream serves no example.net: REFUSED).
+    let before = counts();
+    let r = ask(&process, agent, "www.example.net.");
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(
+        counts(),
+        (before.0 + 1, before.1),
+        "the second line does not take it"
+    );
 
     // Each reply counted under the upstream that gave it, as CoreDNS labels them (`to`).
     let (status, metrics) = http_get(admin, "/metrics").expect("GET /metrics");
