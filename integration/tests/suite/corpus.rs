@@ -170,10 +170,10 @@ corpus! {
         variation_tls_server_block => "variation-tls-server-block",
         kops_ipv6 => "kops-ipv6",
         variation_dns64 => "variation-dns64",
+        variation_forward_next => "variation-forward-next",
+        variation_forward_two_lines => "variation-forward-two-lines",
     }
     gaps {
-        variation_forward_next => "variation-forward-next": "forward next",
-        variation_forward_two_lines => "variation-forward-two-lines": "several forward lines in one block",
         variation_pprof => "variation-pprof": "pprof: node-cache serves Go profiles, nodedns nothing (by design)",
     }
 }

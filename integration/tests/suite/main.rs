@@ -33,6 +33,7 @@ mod blackbox_config;
 mod blackbox_dnstap;
 mod blackbox_flags;
 mod blackbox_forms;
+mod blackbox_forward_lines;
 mod blackbox_harness;
 mod blackbox_metrics;
 mod blackbox_options;

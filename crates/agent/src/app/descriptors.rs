@@ -76,7 +76,7 @@ pub fn reserve(config: &Config, threads: usize, admin_addrs: usize) -> usize {
     let upstream: usize = config
         .servers
         .iter()
-        .filter_map(|s| s.forward.as_ref())
+        .flat_map(|s| &s.forwards)
         .map(|f| f.upstream.addrs.len() * f.upstream.max_connections)
         .sum();
     BASE + PER_LISTENER * listeners + PER_ADMIN_ADDRESS * admin_addrs + upstream
@@ -129,16 +129,17 @@ mod tests {
             zones: vec![".".to_owned()],
             listen: vec!["127.0.0.1:53".parse().unwrap()],
             cache: None,
-            forward: Some(Forward {
+            forwards: vec![Forward {
                 from: ".".to_owned(),
                 except: Vec::new(),
+                next: Vec::new(),
                 upstream: nodedns_upstream::Config {
                     addrs: (0..upstreams)
                         .map(|i| format!("192.0.2.{}:53", i + 1).parse().unwrap())
                         .collect(),
                     ..Default::default()
                 },
-            }),
+            }],
             log: Vec::new(),
             errors: false,
             loop_check: false,

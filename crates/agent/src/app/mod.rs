@@ -305,7 +305,7 @@ fn spawn_readiness(state: Arc<State>) {
     tokio::spawn(async move {
         let snap = state.shared.snapshot.load_full();
         for zone in &snap.zones {
-            if let Some(group) = &zone.group {
+            for group in zone.forwards.iter().map(|f| &f.group) {
                 while !group.probe().await {
                     tracing::warn!(zones = ?zone.server.zones, "no upstream answers yet");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -397,9 +397,10 @@ pub fn summary(settings: &Settings) -> String {
                 (scheme, None) => format!("{}://{a} (without tls)", scheme.as_str()),
             })
             .collect();
-        let upstream = server.forward.as_ref().map_or_else(
-            || "no forward (REFUSED)".to_string(),
-            |f| {
+        let lines: Vec<String> = server
+            .forwards
+            .iter()
+            .map(|f| {
                 let tls =
                     |a: &SocketAddr| f.upstream.tls.as_ref().is_some_and(|t| t.addrs.contains(a));
                 let to: Vec<String> = f
@@ -414,9 +415,24 @@ pub fn summary(settings: &Settings) -> String {
                         }
                     })
                     .collect();
-                format!("forward {:?} to {}", f.upstream.transport, to.join(" "))
-            },
-        );
+                // A line for the whole block reads as before there could be several.
+                let from = if f.from == "." {
+                    String::new()
+                } else {
+                    format!("{} ", f.from)
+                };
+                format!(
+                    "forward {from}{:?} to {}",
+                    f.upstream.transport,
+                    to.join(" ")
+                )
+            })
+            .collect();
+        let upstream = if lines.is_empty() {
+            "no forward (REFUSED)".to_string()
+        } else {
+            lines.join(", then ")
+        };
         let cache = server.cache.as_ref().map_or_else(
             || "no cache".to_string(),
             |c| format!("cache {} bytes", c.capacity_bytes),

@@ -285,7 +285,7 @@ mod tests {
                 zones: vec!["cluster.local.".to_owned()],
                 listen: Vec::new(),
                 cache: None,
-                forward: None,
+                forwards: Vec::new(),
                 log: Vec::new(),
                 errors: false,
                 loop_check: false,

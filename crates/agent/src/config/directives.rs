@@ -256,7 +256,7 @@ fn server_block(
         zones: zones.clone(),
         listen: Vec::new(),
         cache: None,
-        forward: None,
+        forwards: Vec::new(),
         log: Vec::new(),
         errors: false,
         loop_check: false,
@@ -266,10 +266,15 @@ fn server_block(
         tls: None,
     };
     let mut seen: Vec<(&str, usize)> = Vec::new();
+    // The last `forward` line, and whether it has `next`.
+    let mut last_forward: Option<(usize, bool)> = None;
     for d in &block.directives {
         let name = d.name.as_str();
         // CoreDNS allows several of these in a block: one handler per line, in file order.
-        if !matches!(name, "bind" | "template" | "rewrite" | "dnstap" | "log") {
+        if !matches!(
+            name,
+            "bind" | "template" | "rewrite" | "dnstap" | "log" | "forward"
+        ) {
             if let Some((_, first)) = seen.iter().find(|(n, _)| *n == name) {
                 out.err(
                     d.line,
@@ -288,7 +293,11 @@ fn server_block(
                 plugin::bind::parse(d, &mut bind, ctx.interfaces, out);
             }
             "cache" => server.cache = plugin::cache::parse(d, &zones, out),
-            "forward" => server.forward = plugin::forward::parse(d, ctx, out),
+            "forward" => {
+                let forward = plugin::forward::parse(d, ctx, out);
+                last_forward = Some((d.line, forward.as_ref().is_some_and(|f| !f.next.is_empty())));
+                server.forwards.extend(forward);
+            }
             "health" => plugin::health::parse(d, parsed, ctx, out),
             "ready" => plugin::ready::parse(d, parsed, ctx, out),
             "prometheus" => plugin::prometheus::parse(d, parsed, out),
@@ -341,6 +350,14 @@ fn server_block(
                 ),
             ),
         }
+    }
+    if let Some((line, true)) = last_forward {
+        out.warn(
+            line,
+            "forward next: no `forward` line follows this one in its block, so its replies \
+             stand whatever their rcode (as in CoreDNS)"
+                .to_owned(),
+        );
     }
     let port = port?;
     if zones.is_empty() {

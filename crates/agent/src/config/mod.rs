@@ -40,7 +40,7 @@ pub use args::{ConfigArgs, normalize_args};
 pub use import::{Found, Imports};
 pub use kubedns::KubeDns;
 pub use querylog::{Field as LogField, LogClasses, LogFormat, LogRule, Piece as LogPiece};
-pub use route::{Route, Router};
+pub use route::{Route, Router, Takes};
 pub(crate) use values::{go_duration, wire};
 pub use watch::watch;
 
@@ -113,9 +113,11 @@ pub struct Server {
     pub listen: Vec<SocketAddr>,
     /// `None` when the block has no `cache` directive: every query goes upstream.
     pub cache: Option<nodedns_cache::Policy>,
-    /// `None` when the block has no `forward`: what no other plugin answers gets SERVFAIL, as
-    /// at the end of CoreDNS's chain.
-    pub forward: Option<Forward>,
+    /// Its `forward` lines, in file order: a name goes to the first that takes it (CoreDNS
+    /// chains them, each passing on what it does not take, and what its `next` rcodes name).
+    /// Empty when the block has no `forward`: what no other plugin answers gets SERVFAIL, as at
+    /// the end of CoreDNS's chain.
+    pub forwards: Vec<Forward>,
     /// `log`: the rules of its `log` lines, in file order (a query is logged by the first whose
     /// name covers it, if its classes take the answer); empty without `log`.
     pub log: Vec<LogRule>,
@@ -165,6 +167,9 @@ pub struct Forward {
     pub from: String,
     /// Names under FROM that are not forwarded (`except`), canonical form.
     pub except: Vec<String>,
+    /// `next RCODE...` (CoreDNS 1.11.4+): a reply with one of these rcodes passes the query on
+    /// to the block's next `forward` line; after the last one, the reply stands.
+    pub next: Vec<u16>,
     pub upstream: nodedns_upstream::Config,
 }
 
@@ -857,16 +862,17 @@ fn cli_layout(args: &ConfigArgs, inputs: &Inputs, problems: &mut Vec<Problem>) -
         zones: vec![".".to_owned()],
         listen,
         cache: Some(crate::plugin::cache::default_policy(args.cache_size)),
-        forward: Some(Forward {
+        forwards: vec![Forward {
             from: ".".to_owned(),
             except: Vec::new(),
+            next: Vec::new(),
             upstream: nodedns_upstream::Config {
                 addrs,
                 transport,
                 max_connections: usize::from(args.upstream_max_connections),
                 ..Default::default()
             },
-        }),
+        }],
         log: Vec::new(),
         errors: true,
         loop_check: false,
@@ -962,7 +968,20 @@ fn apply_kubedns(
             if !p.server.zones.iter().any(|z| z == ".") {
                 continue;
             }
-            if let Some(f) = p.server.forward.as_mut().filter(|f| f.from == ".") {
+            // node-cache fills `__PILLAR__UPSTREAM__SERVERS__` only: when a `forward .` line of
+            // the block was filled from it already, its other `forward .` lines (a `next`
+            // chain) keep their own upstreams.
+            let filled = p
+                .server
+                .forwards
+                .iter()
+                .any(|f| f.from == "." && f.upstream.addrs == *upstreams);
+            for f in p
+                .server
+                .forwards
+                .iter_mut()
+                .filter(|f| f.from == "." && (!filled || f.upstream.addrs == *upstreams))
+            {
                 f.upstream.addrs.clone_from(upstreams);
                 f.upstream.tls = None;
                 f.upstream.transport = Transport::PreferUdp;
@@ -1006,15 +1025,16 @@ fn apply_kubedns(
                 zones: vec![zone.clone()],
                 listen: listen.clone(),
                 cache: Some(stub_policy()),
-                forward: Some(Forward {
+                forwards: vec![Forward {
                     from: ".".to_owned(),
                     except: Vec::new(),
+                    next: Vec::new(),
                     upstream: nodedns_upstream::Config {
                         addrs: addrs.clone(),
                         transport: Transport::PreferUdp,
                         ..Default::default()
                     },
-                }),
+                }],
                 log: Vec::new(),
                 errors: true,
                 loop_check: false,
@@ -1104,8 +1124,7 @@ fn check_loops(args: &ConfigArgs, servers: &[Placed], problems: &mut Vec<Problem
         .flat_map(|p| p.server.listen.iter().copied())
         .collect();
     for p in servers {
-        let Some(f) = &p.server.forward else { continue };
-        for addr in &f.upstream.addrs {
+        for addr in p.server.forwards.iter().flat_map(|f| &f.upstream.addrs) {
             let own_listen = listens.iter().any(|l| {
                 l == addr
                     || (l.ip().is_unspecified()

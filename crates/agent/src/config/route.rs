@@ -1,11 +1,13 @@
 //! Which server block answers a query: among the blocks listening on the address the query
 //! arrived at, the one with the longest zone that the name is equal to or below (CoreDNS's
-//! rule). Runs once per query: zones are kept in wire form, built once per configuration, and a
-//! lookup walks the query name's labels without allocating.
+//! rule); and whether one of the block's `forward` lines takes the name. Runs once per query:
+//! zones are kept in wire form, built once per configuration, and a lookup walks the query
+//! name's labels without allocating. Which of the lines takes it is the miss path's question
+//! ([`Takes`]).
 
 use std::net::SocketAddr;
 
-use super::{Server, values};
+use super::{Forward, Server, values};
 
 /// Routing table built from a configuration's servers (same order: [`Route::server`] indexes
 /// `Config::servers`).
@@ -18,9 +20,45 @@ pub struct Router {
 struct Entry {
     listen: Vec<SocketAddr>,
     zones: Vec<Box<[u8]>>,
-    /// `forward` FROM, in wire form; `None` when the block does not forward.
-    from: Option<Box<[u8]>>,
+    /// Per zone: whether one `forward` line takes every name of it (its FROM is the zone or
+    /// above, and it has no `except`), decided once here so that most queries never look at
+    /// the lines.
+    whole: Vec<bool>,
+    /// The block's `forward` lines, in file order; empty when it does not forward.
+    forwards: Vec<Takes>,
+}
+
+/// The names one `forward` line takes, in wire form: those under FROM and under none of its
+/// `except` names (FROM itself always, as in CoreDNS's `isAllowedDomain`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Takes {
+    from: Box<[u8]>,
     except: Vec<Box<[u8]>>,
+}
+
+impl Takes {
+    pub fn new(forward: &Forward) -> Takes {
+        let wire = |z: &String| values::wire(z).into_boxed_slice();
+        Takes {
+            from: wire(&forward.from),
+            except: forward.except.iter().map(wire).collect(),
+        }
+    }
+
+    /// Whether the line takes wire-form `qname` (lowercase). `zone`: a zone `qname` is known
+    /// to be under (its block's), which spares the walk when it is FROM. `None` when `qname` is
+    /// malformed.
+    #[inline]
+    pub fn takes(&self, qname: &[u8], zone: Option<&[u8]>) -> Option<bool> {
+        if zone != Some(&*self.from) && !is_under(qname, &self.from)? {
+            return Some(false);
+        }
+        Some(
+            self.except.is_empty()
+                || *qname == *self.from
+                || !self.except.iter().any(|e| is_under(qname, e) == Some(true)),
+        )
+    }
 }
 
 /// Where a query goes.
@@ -30,7 +68,8 @@ pub struct Route {
     pub server: usize,
     /// Index into that server's `zones`: the zone that matched (CoreDNS's `zone` metric label).
     pub zone: usize,
-    /// Whether the block's `forward` takes this name: it is under FROM and under no `except`.
+    /// Whether one of the block's `forward` lines takes this name: it is under the line's FROM
+    /// and under none of its `except` names.
     pub forward: bool,
 }
 
@@ -65,15 +104,23 @@ impl Router {
         Router {
             blocks: servers
                 .iter()
-                .map(|s| Entry {
-                    listen: s.listen.clone(),
-                    zones: s.zones.iter().map(wire).collect(),
-                    from: s.forward.as_ref().map(|f| wire(&f.from)),
-                    except: s
-                        .forward
-                        .as_ref()
-                        .map(|f| f.except.iter().map(wire).collect())
-                        .unwrap_or_default(),
+                .map(|s| {
+                    let zones: Vec<Box<[u8]>> = s.zones.iter().map(wire).collect();
+                    let forwards: Vec<Takes> = s.forwards.iter().map(Takes::new).collect();
+                    let whole = zones
+                        .iter()
+                        .map(|z| {
+                            forwards
+                                .iter()
+                                .any(|f| f.except.is_empty() && is_under(z, &f.from) == Some(true))
+                        })
+                        .collect();
+                    Entry {
+                        listen: s.listen.clone(),
+                        zones,
+                        whole,
+                        forwards,
+                    }
                 })
                 .collect(),
         }
@@ -102,16 +149,15 @@ impl Router {
         }
         let (server, zone) = best?;
         let block = &self.blocks[server];
-        let forward = match &block.from {
-            Some(from) => {
-                (*from == block.zones[zone] || is_under(qname, from)?)
-                    && !block
-                        .except
-                        .iter()
-                        .any(|e| is_under(qname, e) == Some(true))
+        let mut forward = block.whole[zone];
+        if !forward {
+            for f in &block.forwards {
+                if f.takes(qname, Some(&block.zones[zone]))? {
+                    forward = true;
+                    break;
+                }
             }
-            None => false,
-        };
+        }
         Some(Route {
             server,
             zone,
@@ -143,14 +189,18 @@ mod tests {
                 .collect(),
             listen: listen.iter().map(|a| a.parse().unwrap()).collect(),
             cache: None,
-            forward: forward.map(|(from, except)| Forward {
-                from: values::canonical_name(from).unwrap(),
-                except: except
-                    .iter()
-                    .map(|e| values::canonical_name(e).unwrap())
-                    .collect(),
-                upstream: nodedns_upstream::Config::default(),
-            }),
+            forwards: forward
+                .map(|(from, except)| Forward {
+                    from: values::canonical_name(from).unwrap(),
+                    except: except
+                        .iter()
+                        .map(|e| values::canonical_name(e).unwrap())
+                        .collect(),
+                    next: Vec::new(),
+                    upstream: nodedns_upstream::Config::default(),
+                })
+                .into_iter()
+                .collect(),
             log: Vec::new(),
             errors: false,
             loop_check: false,
@@ -257,6 +307,30 @@ mod tests {
                 .forward
         );
         assert!(!r.route(&q("example.org"), local()).unwrap().forward);
+    }
+
+    #[test]
+    fn any_forward_line_of_the_block_may_take_a_name() {
+        let mut s = server(&["."], &[LOCAL], Some(("example.com", &[])));
+        let mut second = s.forwards[0].clone();
+        second.from = "example.org.".to_owned();
+        s.forwards.push(second);
+        let r = Router::new(&[s]);
+        assert!(r.route(&q("www.example.com"), local()).unwrap().forward);
+        assert!(r.route(&q("www.example.org"), local()).unwrap().forward);
+        assert!(!r.route(&q("www.example.net"), local()).unwrap().forward);
+    }
+
+    #[test]
+    fn from_itself_is_taken_even_when_an_except_names_it() {
+        let servers = [server(
+            &["."],
+            &[LOCAL],
+            Some(("example.com", &["example.com"])),
+        )];
+        let r = Router::new(&servers);
+        assert!(r.route(&q("example.com"), local()).unwrap().forward);
+        assert!(!r.route(&q("www.example.com"), local()).unwrap().forward);
     }
 
     #[test]

@@ -145,7 +145,7 @@ fn cache_of(body: &str) -> Policy {
 }
 
 fn forward_of(body: &str) -> Forward {
-    ok(&block(body)).servers[0].forward.clone().unwrap()
+    ok(&block(body)).servers[0].forwards[0].clone()
 }
 
 /// Asserts `errs` holds one message per `(line, fragment)`, in order.
@@ -201,7 +201,7 @@ fn stock_corefile_parses_fills_the_pillars_and_matches_node_cache() {
             scope: Scope::default(),
         })
     );
-    let f = cluster.forward.as_ref().unwrap();
+    let f = &cluster.forwards[0];
     assert_eq!(f.from, ".");
     assert_eq!(f.upstream.addrs, [addr("10.96.0.11:53")]);
     assert_eq!(f.upstream.transport, Transport::Tcp);
@@ -211,12 +211,9 @@ fn stock_corefile_parses_fills_the_pillars_and_matches_node_cache() {
             (c.success, c.denial),
             (Clamp { min: 5, max: 30 }, Clamp { min: 5, max: 30 })
         );
-        assert_eq!(
-            reverse.forward.as_ref().unwrap().upstream.transport,
-            Transport::Tcp
-        );
+        assert_eq!(reverse.forwards[0].upstream.transport, Transport::Tcp);
     }
-    let root = config.servers[3].forward.as_ref().unwrap();
+    let root = &config.servers[3].forwards[0];
     assert_eq!(
         root.upstream.addrs,
         [addr("10.0.0.2:53")],
@@ -415,7 +412,7 @@ fn upstreamsvc_names_the_environment_variable() {
         .insert("MY_DNS_SERVICE_HOST".to_owned(), "10.96.0.53".to_owned());
     let config = build(&args, &i).unwrap();
     assert_eq!(
-        config.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        config.servers[0].forwards[0].upstream.addrs,
         [addr("10.96.0.53:53")]
     );
 }
@@ -1015,6 +1012,102 @@ fn cache_errors_are_all_reported_with_their_lines() {
 // `forward`
 
 #[test]
+fn several_forward_lines_in_a_block_keep_their_file_order_and_their_own_settings() {
+    let c = ok(&block(
+        "    forward example.com 10.0.0.53 {
+        force_tcp
+        except internal.example.com
+        next NXDOMAIN
+    }
+    forward . 10.0.0.2 10.0.0.4 {
+        max_fails 7
+    }
+    forward example.com 10.0.0.54",
+    ));
+    let lines = &c.servers[0].forwards;
+    let froms: Vec<&str> = lines.iter().map(|f| f.from.as_str()).collect();
+    // Overlapping FROMs are kept, in file order: the first that takes a name answers it.
+    assert_eq!(froms, ["example.com.", ".", "example.com."]);
+    assert_eq!(lines[0].upstream.addrs, [addr("10.0.0.53:53")]);
+    assert_eq!(lines[0].upstream.transport, Transport::Tcp);
+    assert_eq!(lines[0].except, ["internal.example.com."]);
+    assert_eq!(lines[0].next, [u16::from(nodedns_wire::rcode::NXDOMAIN)]);
+    assert_eq!(
+        lines[1].upstream.addrs,
+        [addr("10.0.0.2:53"), addr("10.0.0.4:53")]
+    );
+    assert_eq!(lines[1].upstream.transport, Transport::PreferUdp);
+    assert_eq!(lines[1].upstream.max_fails, 7);
+    assert!(lines[1].next.is_empty() && lines[1].except.is_empty());
+    assert_eq!(
+        lines[2].upstream.max_fails, 2,
+        "CoreDNS's default, not line 2's"
+    );
+    // Each line is checked for loops, whichever it is.
+    let errs = errs(&block(&format!(
+        "    forward example.com 10.0.0.53\n    forward . {LOCAL}:53"
+    )));
+    assert!(errs.len() == 1 && errs[0].contains("loops"), "{errs:#?}");
+}
+
+#[test]
+fn forward_next_reads_rcodes_as_coredns_does_and_names_a_bad_one() {
+    let f = forward_of(
+        "    forward . 10.0.0.1 {
+        next NXDOMAIN refused NotImpl nxdomain SERVFAIL
+    }
+    forward . 10.0.0.2",
+    );
+    assert_eq!(f.next, [3, 5, 4, 2]);
+    let errs = errs(&block(
+        "    forward . 10.0.0.1 {
+        next NXDOMIAN 3
+        next
+    }
+    forward . 10.0.0.2",
+    ));
+    assert_errs(
+        &errs,
+        &[
+            (
+                4,
+                "forward next: `NXDOMIAN` is not an rcode (NOERROR, FORMERR, SERVFAIL, NXDOMAIN",
+            ),
+            (4, "forward next: `3` is not an rcode"),
+            (5, "next: expected `next RCODE...`, got 0 argument(s)"),
+        ],
+    );
+}
+
+#[test]
+fn forward_next_on_the_last_line_of_a_block_is_a_warning_it_changes_nothing() {
+    let c = ok(&block(
+        "    forward . 10.0.0.1 {
+        next NXDOMAIN
+    }",
+    ));
+    assert_eq!(c.servers[0].forwards[0].next, [3]);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("Corefile:3: forward next: no `forward` line follows")),
+        "{:#?}",
+        c.warnings
+    );
+    let c = ok(&block(
+        "    forward . 10.0.0.1 {
+        next NXDOMAIN
+    }
+    forward . 10.0.0.2",
+    ));
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("forward next")),
+        "{:#?}",
+        c.warnings
+    );
+}
+
+#[test]
 fn forward_defaults_to_udp_and_takes_every_implemented_option() {
     let f = forward_of("    forward . 10.0.0.1");
     assert_eq!(f.upstream.transport, Transport::PreferUdp);
@@ -1108,15 +1201,7 @@ fn forward_reads_the_file_the_corefile_names_whatever_resolv_conf_says() {
         ],
     );
     let c = build(&args, &i).unwrap_or_else(|e| panic!("{e}"));
-    let addrs = |n: usize| {
-        c.servers[n]
-            .forward
-            .as_ref()
-            .unwrap()
-            .upstream
-            .addrs
-            .clone()
-    };
+    let addrs = |n: usize| c.servers[n].forwards[0].upstream.addrs.clone();
     assert_eq!(addrs(0), [addr("10.0.0.7:53"), addr("10.0.0.8:53")]);
     // The pillar is --resolv-conf, as before (its contents: `inputs`'s resolv_conf).
     assert_eq!(addrs(1), [addr("10.0.0.2:53"), addr("10.0.0.9:53")]);
@@ -1228,7 +1313,7 @@ fn load_reads_the_forward_file_from_disk() {
     ]);
     let c = load(&args).unwrap();
     assert_eq!(
-        c.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        c.servers[0].forwards[0].upstream.addrs,
         [addr("10.0.0.7:53")]
     );
     std::fs::remove_file(&named).unwrap();
@@ -1258,7 +1343,7 @@ a.example {{
         max_fails -1
         max_concurrent lots
         expire -1s
-        next NXDOMAIN
+        next NXDOMAIN nxdomain notimpl NOSUCH
         except bad..name
     }}
 }}
@@ -1289,7 +1374,7 @@ b.example {{
                 "forward max_concurrent must be a whole number, not `lots`",
             ),
             (15, "forward expire: `-1s`: a duration cannot be negative"),
-            (16, "unknown option `next` of `forward`"),
+            (16, "forward next: `NOSUCH` is not an rcode"),
             (17, "forward except: `bad..name` has an empty label"),
             (
                 11,
@@ -1397,7 +1482,7 @@ fn forward_tls_options_without_a_tls_destination_are_a_warning() {
     let c = ok(&block(
         "    forward . 10.0.0.1 {\n        tls_servername dns.example\n    }",
     ));
-    let f = c.servers[0].forward.as_ref().unwrap();
+    let f = &c.servers[0].forwards[0];
     assert_eq!(f.upstream.tls, None);
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(
@@ -1816,10 +1901,7 @@ fn environment_variables_are_substituted_from_the_input_map() {
     i.env
         .insert("UPSTREAM".to_owned(), "10.1.2.3:5353".to_owned());
     i.env.insert("FAILS".to_owned(), "7".to_owned());
-    let f = build(&stock_args(), &i).unwrap().servers[0]
-        .forward
-        .clone()
-        .unwrap();
+    let f = build(&stock_args(), &i).unwrap().servers[0].forwards[0].clone();
     assert_eq!(f.upstream.addrs, [addr("10.1.2.3:5353")]);
     assert_eq!(f.upstream.max_fails, 7);
     // Unset: replaced by nothing, as CoreDNS does, and said in a warning.
@@ -2002,7 +2084,7 @@ fn cli_mode_defaults_forward_to_the_node_resolvers_over_udp() {
     let s = &c.servers[0];
     assert_eq!(s.zones, ["."]);
     assert_eq!(s.listen, [addr("127.0.0.1:5353")]);
-    let f = s.forward.as_ref().unwrap();
+    let f = &s.forwards[0];
     assert_eq!(f.upstream.addrs, [addr("10.0.0.2:53"), addr("10.0.0.3:53")]);
     assert_eq!(f.upstream.transport, Transport::PreferUdp);
     let p = s.cache.as_ref().unwrap();
@@ -2037,7 +2119,7 @@ fn cli_mode_explicit_upstreams_go_over_tcp_and_local_ips_become_listeners() {
     let c = build(&args, &cli_inputs("")).unwrap();
     let s = &c.servers[0];
     assert_eq!(s.listen, [addr("169.254.20.10:53"), addr("[fd00::10]:53")]);
-    let f = s.forward.as_ref().unwrap();
+    let f = &s.forwards[0];
     assert_eq!(
         (f.upstream.addrs.as_slice(), f.upstream.transport),
         (&[addr("10.96.0.11:53")][..], Transport::Tcp)
@@ -2056,14 +2138,7 @@ fn cli_mode_explicit_upstreams_go_over_tcp_and_local_ips_become_listeners() {
 #[test]
 fn cli_mode_upstream_pool_cap_is_a_flag() {
     let default = build(&cli(&["--upstream", "127.0.0.1:5301"]), &cli_inputs("")).unwrap();
-    let forward = |c: &Config| {
-        c.servers[0]
-            .forward
-            .as_ref()
-            .unwrap()
-            .upstream
-            .max_connections
-    };
+    let forward = |c: &Config| c.servers[0].forwards[0].upstream.max_connections;
     assert_eq!(forward(&default), 64);
     let args = cli(&[
         "--upstream",
@@ -2163,7 +2238,7 @@ fn a_missing_resolv_conf_is_an_error_only_where_upstreams_come_from_it() {
     // Upstreams named on the command line: the file is not needed.
     let config = build(&cli(&["--upstream", "10.0.0.9"]), &none).expect("no resolv.conf needed");
     assert_eq!(
-        config.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        config.servers[0].forwards[0].upstream.addrs,
         vec!["10.0.0.9:53".parse().unwrap()]
     );
     // Taken from it: an error naming the file and what to do.
@@ -2246,7 +2321,7 @@ fn stub_domains_become_blocks_like_node_cache_appends() {
         [addr("169.254.20.10:53"), addr("10.96.0.10:53")]
     );
     assert!(stub.errors);
-    let f = stub.forward.as_ref().unwrap();
+    let f = &stub.forwards[0];
     assert_eq!(f.upstream.addrs, [addr("1.2.3.4:53"), addr("1.2.3.5:5353")]);
     assert_eq!(f.upstream.transport, Transport::PreferUdp);
     let p = stub.cache.as_ref().unwrap();
@@ -2301,14 +2376,14 @@ fn upstream_nameservers_replace_the_root_upstreams_over_udp() {
     i.resolv_conf = Some("nameserver 127.0.0.53\n".to_owned());
     let i = with_kubedns(i, None, Some(r#"["8.8.8.8", "8.8.4.4"]"#));
     let c = build(&stock_args(), &i).unwrap();
-    let root = c.servers[3].forward.as_ref().unwrap();
+    let root = &c.servers[3].forwards[0];
     assert_eq!(
         root.upstream.addrs,
         [addr("8.8.8.8:53"), addr("8.8.4.4:53")]
     );
     assert_eq!(root.upstream.transport, Transport::PreferUdp);
     assert_eq!(
-        c.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        c.servers[0].forwards[0].upstream.addrs,
         [addr("10.96.0.11:53")],
         "cluster block untouched"
     );
@@ -2318,7 +2393,7 @@ fn upstream_nameservers_replace_the_root_upstreams_over_udp() {
         &with_kubedns(cli_inputs(""), None, Some(r#"["9.9.9.9"]"#)),
     )
     .unwrap();
-    let f = c.servers[0].forward.as_ref().unwrap();
+    let f = &c.servers[0].forwards[0];
     assert_eq!(
         (f.upstream.addrs.as_slice(), f.upstream.transport),
         (&[addr("9.9.9.9:53")][..], Transport::PreferUdp)
@@ -2330,8 +2405,39 @@ fn upstream_nameservers_replace_the_root_upstreams_over_udp() {
     )
     .unwrap();
     assert_eq!(
-        c.servers[0].forward.as_ref().unwrap().upstream.transport,
+        c.servers[0].forwards[0].upstream.transport,
         Transport::PreferUdp
+    );
+}
+
+#[test]
+fn upstream_nameservers_replace_only_the_pillar_line_of_a_next_chain() {
+    let chain = block(
+        "    forward . 10.0.0.1 {
+        force_tcp
+        next NXDOMAIN
+    }
+    forward . __PILLAR__UPSTREAM__SERVERS__",
+    );
+    let c = build(
+        &stock_args(),
+        &with_kubedns(inputs(&chain), None, Some(r#"["9.9.9.9"]"#)),
+    )
+    .unwrap();
+    let lines = &c.servers[0].forwards;
+    assert_eq!(
+        (
+            lines[0].upstream.addrs.as_slice(),
+            lines[0].upstream.transport
+        ),
+        (&[addr("10.0.0.1:53")][..], Transport::Tcp)
+    );
+    assert_eq!(
+        (
+            lines[1].upstream.addrs.as_slice(),
+            lines[1].upstream.transport
+        ),
+        (&[addr("9.9.9.9:53")][..], Transport::PreferUdp)
     );
 }
 
@@ -2414,7 +2520,7 @@ fn load_renders_the_template_into_conf_as_node_cache_does() {
     let c = load(&args).unwrap();
     assert_eq!(c.servers.len(), 2);
     assert_eq!(
-        c.servers[0].forward.as_ref().unwrap().upstream.addrs,
+        c.servers[0].forwards[0].upstream.addrs,
         [addr("10.0.0.2:53")]
     );
     assert_eq!(c.servers[1].zones, ["acme.local."]);

@@ -1,8 +1,14 @@
 //! `forward`: where a block sends what its cache and its other plugins do not answer, as
 //! CoreDNS's `plugin/forward` configures it (`forward FROM TO... { except ...; force_tcp;
 //! prefer_udp; policy ...; max_concurrent ...; max_fails ...; health_check DURATION [no_rec]
-//! [domain FQDN]; expire ...;
+//! [domain FQDN]; expire ...; next RCODE...;
 //! timeout ...; read_timeout ...; tls ...; tls_servername ... }`).
+//!
+//! A block may hold several `forward` lines: CoreDNS chains them in file order, each taking
+//! the names under its FROM and under none of its `except` names, and passing the others on to
+//! the next line; `next RCODE...` passes on a query whose reply has one of those rcodes too
+//! (to the next line only: after the last one, the reply stands). Each line has its own
+//! upstream group (pool, health checks); the miss path picks the line.
 //!
 //! Its logic is the `nodedns-upstream` crate (pooled connections, health, failover); its place
 //! in the chain is the pipeline's async miss path (`serve::pipeline`: single-flight, then the
@@ -106,6 +112,7 @@ pub(crate) fn parse(d: &Directive, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Option<F
         );
     }
     let mut except = Vec::new();
+    let mut next = Vec::new();
     let mut transport: Option<(&str, usize)> = None;
     let (mut max_concurrent_written, mut expire_written) = (false, false);
     let mut tls = ForwardTls::default();
@@ -164,6 +171,24 @@ pub(crate) fn parse(d: &Directive, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Option<F
                     }
                 }
             }
+            "next" => {
+                if out.arity(o, name, 1, usize::MAX, "next RCODE...") {
+                    for w in &o.args {
+                        match rcode_named(&w.text) {
+                            Some(rcode) if next.contains(&rcode) => {}
+                            Some(rcode) => next.push(rcode),
+                            None => out.err(
+                                w.line,
+                                format!(
+                                    "forward next: `{}` is not an rcode (NOERROR, FORMERR, \
+                                     SERVFAIL, NXDOMAIN, NOTIMP, REFUSED, YXDOMAIN, ...)",
+                                    w.text
+                                ),
+                            ),
+                        }
+                    }
+                }
+            }
             "tls" | "tls_servername" => tls.option(o, out),
             other => out.err(o.line, format!("unknown option `{other}` of `forward`")),
         }
@@ -200,8 +225,19 @@ pub(crate) fn parse(d: &Directive, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Option<F
     Some(Forward {
         from,
         except,
+        next,
         upstream,
     })
+}
+
+/// The rcode `text` names, as CoreDNS reads `next`'s arguments (miekg/dns's `StringToRcode`,
+/// any case, with its `NOTIMPL` spelling of NOTIMP).
+fn rcode_named(text: &str) -> Option<u16> {
+    let upper = text.to_ascii_uppercase();
+    if upper == "NOTIMPL" {
+        return Some(nodedns_wire::rcode::NOTIMP.into());
+    }
+    (0..=u16::from(u8::MAX)).find(|&code| nodedns_wire::rcode::name(code) == Some(upper.as_str()))
 }
 
 /// A `tls://ADDR[:PORT]` destination of `forward` (port 853 by default), added to `addrs`.

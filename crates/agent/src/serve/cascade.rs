@@ -189,7 +189,7 @@ fn start(shared: &Arc<Shared>, snap: &Snapshot, local: SocketAddr, key: Key) {
     let Some((zone, route)) = snap.route(key.qname(), local) else {
         return;
     };
-    let Some(group) = zone.group.as_ref().filter(|_| route.forward) else {
+    let Some(group) = zone.group_for(key.qname()).filter(|_| route.forward) else {
         return;
     };
     if let Some(cache) = &zone.cache {
@@ -290,15 +290,16 @@ mod tests {
             zones: vec![zone.to_owned()],
             listen: vec![LISTEN],
             cache: Some(nodedns_cache::Policy::default()),
-            forward: Some(Forward {
+            forwards: vec![Forward {
                 from: ".".to_owned(),
                 except: Vec::new(),
+                next: Vec::new(),
                 upstream: nodedns_upstream::Config {
                     addrs: vec![upstream],
                     transport: nodedns_upstream::Transport::PreferUdp,
                     ..Default::default()
                 },
-            }),
+            }],
             log: Vec::new(),
             errors: false,
             loop_check: false,

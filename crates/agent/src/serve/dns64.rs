@@ -213,7 +213,7 @@ pub(super) fn waiter(
     let at = Chained {
         to: &to,
         zone,
-        forward: zone.forwards(a_key.qname()),
+        forward: zone.forward_for(a_key.qname(), 0).is_some(),
         labels: waiter.labels,
         client: &client,
         limit: TCP_LIMIT,
@@ -281,7 +281,8 @@ fn local(at: &Chained<'_>, query: &Query<'_>, key: &Key, now: Instant, out: &mut
                 return Local::Written { source, refresh };
             }
             Lookup::Stale { entry, ttl }
-                if zone.plugins.is_empty() && pipeline::stale_at_once(cache, &entry, zone, now) =>
+                if zone.plugins.is_empty()
+                    && pipeline::stale_at_once(cache, &entry, zone, key.qname(), now) =>
             {
                 entry.reply().write_answer(query, ttl, at.limit, out);
                 let source = Source::StaleHit(entry.class());

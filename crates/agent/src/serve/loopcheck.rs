@@ -232,22 +232,24 @@ pub struct Target {
     pub group: Arc<Group>,
 }
 
-/// The zones of `snap` to probe: every zone of a block with `loop` whose `forward` takes it (a
+/// The zones of `snap` to probe: every zone of a block with `loop` that a `forward` line takes (a
 /// zone outside FROM, or under an `except`, never reaches the upstream through this block).
 pub fn targets(snap: &Snapshot) -> Vec<Target> {
     let mut out = Vec::new();
     for zone in snap.zones.iter().filter(|z| z.server.loop_check) {
-        let Some(group) = &zone.group else {
-            continue;
-        };
         for name in &zone.server.zones {
             // The apex routes as `<a>.<b>.<zone>` does: random labels match no `except`.
+            let wire = crate::config::wire(name);
             let routed = zone
                 .server
                 .listen
                 .first()
-                .and_then(|local| snap.route(&crate::config::wire(name), *local));
-            if routed.is_some_and(|(to, route)| route.forward && Arc::ptr_eq(to, zone)) {
+                .and_then(|local| snap.route(&wire, *local));
+            let group = zone.group_for(&wire);
+            if let (Some(group), true) = (
+                group,
+                routed.is_some_and(|(to, route)| route.forward && Arc::ptr_eq(to, zone)),
+            ) {
                 out.push(Target {
                     zone: name.clone(),
                     group: group.clone(),
@@ -507,15 +509,16 @@ mod tests {
             zones: zones.iter().map(|z| (*z).to_owned()).collect(),
             listen: vec!["127.0.0.1:53".parse().unwrap()],
             cache: None,
-            forward: Some(crate::config::Forward {
+            forwards: vec![crate::config::Forward {
                 from: ".".to_owned(),
                 except: except.iter().map(|z| (*z).to_owned()).collect(),
+                next: Vec::new(),
                 upstream: nodedns_upstream::Config {
                     addrs: vec!["192.0.2.53:53".parse().unwrap()],
                     max_fails: 0,
                     ..Default::default()
                 },
-            }),
+            }],
             log: Vec::new(),
             errors: false,
             loop_check,

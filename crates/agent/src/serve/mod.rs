@@ -47,7 +47,7 @@ use nodedns_cache::{Cache, Flights};
 use nodedns_upstream::Group;
 
 use crate::clients;
-use crate::config::{Config, Route, Router, Scheme, Server};
+use crate::config::{Config, Route, Router, Scheme, Server, Takes};
 use crate::dnstap::{self, Tap};
 use crate::metrics::{CacheFigures, Metrics, ZoneFigures};
 use errors::Errors;
@@ -71,7 +71,8 @@ pub struct Zone {
     /// In-progress upstream fetches; lives as long as the cache so a reload that keeps the cache
     /// keeps the fetches it is waiting on.
     pub flights: Arc<Flights<Waiter>>,
-    pub group: Option<Arc<Group>>,
+    /// Its `forward` lines, in file order (`server.forwards`'s), each with its upstream group.
+    pub forwards: Vec<Forwarder>,
     /// Its failed upstream exchanges, logged if it has `errors`.
     pub errors: Errors,
     /// Its `dnstap` sinks.
@@ -80,23 +81,36 @@ pub struct Zone {
     pub plugins: crate::plugin::Live,
 }
 
+/// One `forward` line of a block, serving.
+#[derive(Debug)]
+pub struct Forwarder {
+    /// The names it takes.
+    pub takes: Takes,
+    /// Its `next` rcodes: a reply with one of them passes the query on to a later line.
+    pub next: Vec<u16>,
+    /// Its upstreams: their pool, health checks and failover.
+    pub group: Arc<Group>,
+}
+
 impl Zone {
-    /// Whether the block's `forward` takes `qname` (wire form, lowercase): under FROM and under
-    /// no `except` name. (The per-query path asks the [`Router`], which has it in wire form.)
-    pub fn forwards(&self, qname: &[u8]) -> bool {
-        let Some(forward) = &self.server.forward else {
-            return false;
-        };
-        let name = crate::logging::name_text(qname);
-        let under = |zone: &String| crate::config::values::is_under(&name, zone);
-        under(&forward.from) && !forward.except.iter().any(under)
+    /// The first of the block's `forward` lines from index `start` on that takes `qname` (wire
+    /// form, lowercase), as CoreDNS's chain of forward plugins passes a name on: its index.
+    /// (The per-query path asks the [`Router`] only whether one does; this runs on a miss.)
+    pub fn forward_for(&self, qname: &[u8], start: usize) -> Option<usize> {
+        (start..self.forwards.len())
+            .find(|&i| self.forwards[i].takes.takes(qname, None) == Some(true))
+    }
+
+    /// The upstream group of the first `forward` line that takes `qname`.
+    pub fn group_for(&self, qname: &[u8]) -> Option<&Arc<Group>> {
+        self.forward_for(qname, 0).map(|i| &self.forwards[i].group)
     }
 }
 
 /// Why a snapshot could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    /// A block's `forward` has upstream settings the pool refuses.
+    /// One of a block's `forward` lines has upstream settings the pool refuses.
     #[error("forward of {zones}")]
     Forward {
         zones: String,
@@ -150,7 +164,7 @@ impl Snapshot {
             let (cache, cache_id, flights) = match (old, &server.cache) {
                 (Some(old), Some(policy))
                     if old.server.cache.as_ref() == Some(policy)
-                        && old.server.forward == server.forward
+                        && old.server.forwards == server.forwards
                         && old.cache.is_some() =>
                 {
                     (old.cache.clone(), old.cache_id, old.flights.clone())
@@ -162,23 +176,7 @@ impl Snapshot {
                 ),
                 (_, None) => (None, 0, new_flights()),
             };
-            let group = match (&server.forward, old) {
-                (Some(forward), Some(old))
-                    if old.server.forward.as_ref().map(|f| &f.upstream)
-                        == Some(&forward.upstream) =>
-                {
-                    old.group.clone()
-                }
-                (Some(forward), _) => Some(Arc::new(
-                    Group::new(forward.upstream.clone(), upstream_metrics).map_err(|source| {
-                        SnapshotError::Forward {
-                            zones: server.zones.join(" "),
-                            source,
-                        }
-                    })?,
-                )),
-                (None, _) => None,
-            };
+            let forwards = forwarders(server, old, upstream_metrics)?;
             let taps = match old {
                 Some(old) if old.server.dnstap == server.dnstap => old.taps.clone(),
                 _ => server
@@ -198,7 +196,7 @@ impl Snapshot {
                 cache,
                 cache_id,
                 flights,
-                group,
+                forwards,
                 errors: Errors::new(&server.zones, server.errors),
                 taps,
                 plugins: server.chain.start(
@@ -219,8 +217,8 @@ impl Snapshot {
         })
     }
 
-    /// The block serving `qname` (lowercase wire form) on `local`, and whether its `forward`
-    /// takes the name.
+    /// The block serving `qname` (lowercase wire form) on `local`, and whether one of its
+    /// `forward` lines takes the name.
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<(&Arc<Zone>, Route)> {
         let route = self.router.route(qname, local)?;
         Some((self.zones.get(route.server)?, route))
@@ -303,6 +301,50 @@ pub fn endpoints(config: &Config) -> BTreeMap<SocketAddr, Endpoint> {
         }
     }
     out
+}
+
+/// The `forward` lines of `server`, serving. A line whose upstream settings an old line of the
+/// block had keeps that line's group (its pools and health), the nearest in file order first;
+/// each old group goes to one line at most.
+fn forwarders(
+    server: &Server,
+    old: Option<&Arc<Zone>>,
+    upstream_metrics: &nodedns_upstream::Metrics,
+) -> Result<Vec<Forwarder>, SnapshotError> {
+    let old: Vec<(&crate::config::Forward, &Arc<Group>)> = old.map_or_else(Vec::new, |old| {
+        old.server
+            .forwards
+            .iter()
+            .zip(old.forwards.iter().map(|f| &f.group))
+            .collect()
+    });
+    let mut taken = vec![false; old.len()];
+    let mut out = Vec::with_capacity(server.forwards.len());
+    for (i, forward) in server.forwards.iter().enumerate() {
+        let kept = (0..old.len())
+            .filter(|&j| !taken[j] && old[j].0.upstream == forward.upstream)
+            .min_by_key(|&j| j.abs_diff(i));
+        let group = match kept {
+            Some(j) => {
+                taken[j] = true;
+                old[j].1.clone()
+            }
+            None => Arc::new(
+                Group::new(forward.upstream.clone(), upstream_metrics).map_err(|source| {
+                    SnapshotError::Forward {
+                        zones: server.zones.join(" "),
+                        source,
+                    }
+                })?,
+            ),
+        };
+        out.push(Forwarder {
+            takes: Takes::new(forward),
+            next: forward.next.clone(),
+            group,
+        });
+    }
+    Ok(out)
 }
 
 /// A number no other cache of this process has.
@@ -420,14 +462,15 @@ mod tests {
             zones: vec![".".to_owned()],
             listen: vec![listen.parse().unwrap()],
             cache: Some(nodedns_cache::Policy::default()),
-            forward: Some(Forward {
+            forwards: vec![Forward {
                 from: ".".to_owned(),
                 except: Vec::new(),
+                next: Vec::new(),
                 upstream: nodedns_upstream::Config {
                     addrs: vec![upstream.parse().unwrap()],
                     ..Default::default()
                 },
-            }),
+            }],
             log: Vec::new(),
             errors: false,
             loop_check: false,
@@ -436,6 +479,139 @@ mod tests {
             scheme: Default::default(),
             tls: None,
         }
+    }
+
+    fn line(from: &str, except: &[&str], upstream: &str) -> Forward {
+        let canonical = |z: &str| crate::config::values::canonical_name(z).unwrap();
+        Forward {
+            from: canonical(from),
+            except: except.iter().map(|e| canonical(e)).collect(),
+            next: Vec::new(),
+            upstream: nodedns_upstream::Config {
+                addrs: vec![upstream.parse().unwrap()],
+                ..Default::default()
+            },
+        }
+    }
+
+    fn build(config: Config, previous: Option<&Snapshot>) -> Snapshot {
+        let upstream_metrics = nodedns_upstream::Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        Snapshot::build(
+            Arc::new(config),
+            previous,
+            &upstream_metrics,
+            &crate::plugin::Metrics::default(),
+            &Metrics::default(),
+            &dnstap::Metrics::default(),
+        )
+        .unwrap()
+    }
+
+    /// What node-cache (CoreDNS 1.10) does with these lines: each name goes to the first line,
+    /// in file order, whose FROM holds it and whose `except` names do not; an `except` name
+    /// passes on to a later line; FROM itself is never excepted.
+    #[tokio::test]
+    async fn a_name_goes_to_the_first_forward_line_that_takes_it() {
+        let mut server = block("127.0.0.1:53", "192.0.2.1:53");
+        server.forwards = vec![
+            line(".", &["a.example.com"], "192.0.2.1:53"),
+            line("example.com", &[], "192.0.2.2:53"),
+            line("b.example.com", &[], "192.0.2.3:53"),
+        ];
+        let other = Server {
+            listen: vec!["127.0.0.1:5353".parse().unwrap()],
+            forwards: vec![
+                line(
+                    "example.com",
+                    &["example.com", "sub.example.com"],
+                    "192.0.2.1:53",
+                ),
+                line("example.org", &[], "192.0.2.2:53"),
+                line("example.org", &[], "192.0.2.3:53"),
+            ],
+            ..server.clone()
+        };
+        let snap = build(
+            Config {
+                servers: vec![server, other],
+                ..Config::default()
+            },
+            None,
+        );
+        let wire =
+            |name: &str| crate::config::wire(&crate::config::values::canonical_name(name).unwrap());
+        let (first, second) = (&snap.zones[0], &snap.zones[1]);
+        for (name, expected) in [
+            ("www.example.com", Some(0)),
+            ("a.example.com", Some(1)),
+            ("x.a.example.com", Some(1)),
+            ("b.example.com", Some(0)),
+            ("www.org", Some(0)),
+        ] {
+            assert_eq!(first.forward_for(&wire(name), 0), expected, "{name}");
+        }
+        assert_eq!(first.forward_for(&wire("x.a.example.com"), 2), None);
+        assert_eq!(first.forward_for(&wire("b.example.com"), 1), Some(1));
+        for (name, expected) in [
+            ("example.com", Some(0)),
+            ("www.example.com", None),
+            ("sub.example.com", None),
+            ("www.example.org", Some(1)),
+            ("foo.net", None),
+        ] {
+            assert_eq!(second.forward_for(&wire(name), 0), expected, "{name}");
+        }
+        let local = "127.0.0.1:5353".parse().unwrap();
+        assert!(!snap.route(&wire("foo.net"), local).unwrap().1.forward);
+        assert!(
+            snap.route(&wire("www.example.org"), local)
+                .unwrap()
+                .1
+                .forward
+        );
+        // Each line has its own upstream group.
+        let to = |zone: &Zone, i: usize| zone.forwards[i].group.config().addrs[0].to_string();
+        assert_eq!(
+            [to(first, 0), to(first, 1), to(first, 2)],
+            ["192.0.2.1:53", "192.0.2.2:53", "192.0.2.3:53"]
+        );
+    }
+
+    /// A reload that reorders a block's forward lines keeps each line's group with its
+    /// upstreams; a changed line gets a new one.
+    #[tokio::test]
+    async fn a_reload_keeps_each_forward_lines_group_wherever_the_line_moved() {
+        let mut server = block("127.0.0.1:53", "192.0.2.1:53");
+        server.forwards = vec![
+            line("example.com", &[], "192.0.2.1:53"),
+            line(".", &[], "192.0.2.2:53"),
+        ];
+        let config = |server: &Server| Config {
+            servers: vec![server.clone()],
+            ..Config::default()
+        };
+        let first = build(config(&server), None);
+        server.forwards.reverse();
+        server
+            .forwards
+            .push(line("example.org", &[], "192.0.2.3:53"));
+        let again = build(config(&server), Some(&first));
+        let (old, new) = (&first.zones[0].forwards, &again.zones[0].forwards);
+        assert!(Arc::ptr_eq(&old[0].group, &new[1].group));
+        assert!(Arc::ptr_eq(&old[1].group, &new[0].group));
+        assert!(
+            !Arc::ptr_eq(&old[0].group, &new[2].group)
+                && !Arc::ptr_eq(&old[1].group, &new[2].group)
+        );
+        assert!(
+            !Arc::ptr_eq(
+                first.zones[0].cache.as_ref().unwrap(),
+                again.zones[0].cache.as_ref().unwrap()
+            ),
+            "other forward lines: other answers, a new cache"
+        );
     }
 
     /// `.:53` and `.:5353` are two blocks: after a reload each keeps its own cache and
@@ -477,10 +653,7 @@ mod tests {
             assert!(Arc::ptr_eq(old_cache, new_cache), "{:?}", new.server.listen);
             assert_eq!(old.cache_id, new.cache_id);
             assert!(Arc::ptr_eq(&old.flights, &new.flights));
-            assert!(Arc::ptr_eq(
-                old.group.as_ref().unwrap(),
-                new.group.as_ref().unwrap()
-            ));
+            assert!(Arc::ptr_eq(&old.forwards[0].group, &new.forwards[0].group));
         }
         let (a, b) = (&again.zones[0], &again.zones[1]);
         assert!(!Arc::ptr_eq(
@@ -488,7 +661,7 @@ mod tests {
             b.cache.as_ref().unwrap()
         ));
         assert_eq!(
-            b.group.as_ref().unwrap().config().addrs,
+            b.forwards[0].group.config().addrs,
             ["192.0.2.2:53".parse::<SocketAddr>().unwrap()],
             "the second block forwards where it did"
         );

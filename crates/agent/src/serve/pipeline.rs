@@ -248,7 +248,7 @@ pub fn answer(
         }
         limit
     };
-    // Outside the block's `forward` (no forward, not under FROM, or an `except` name), in a
+    // Outside the block's `forward` lines (none, not under a FROM, or an `except` name), in a
     // block with no other plugin after the cache: the end of CoreDNS's chain, SERVFAIL. (A
     // block that forwards everything never tests more than `route.forward` here.)
     if !route.forward && zone.plugins.is_empty() {
@@ -313,7 +313,7 @@ pub fn answer(
         // fetch that will fail), and during a failed fetch's recheck period.
         // (A block with plugins after the cache asks them first: see below.)
         Lookup::Stale { entry, ttl }
-            if zone.plugins.is_empty() && stale_at_once(cache, &entry, zone, now) =>
+            if zone.plugins.is_empty() && stale_at_once(cache, &entry, zone, key.qname(), now) =>
         {
             entry.reply().write_answer(&query, ttl, limit, out);
             before_cache(zone, &query, out);
@@ -356,9 +356,15 @@ pub fn answer(
 }
 
 /// Whether a stale entry is answered without asking the upstream first (the cache's rule, told
-/// whether every upstream of the block is marked down).
-pub(super) fn stale_at_once(cache: &Cache, entry: &Entry, zone: &Zone, now: Instant) -> bool {
-    let down = zone.group.as_ref().is_some_and(|g| !g.healthy());
+/// whether every upstream of the `forward` line that takes `qname` is marked down).
+pub(super) fn stale_at_once(
+    cache: &Cache,
+    entry: &Entry,
+    zone: &Zone,
+    qname: &[u8],
+    now: Instant,
+) -> bool {
+    let down = zone.group_for(qname).is_some_and(|g| !g.healthy());
     cache.stale_at_once(entry, down, now)
 }
 
@@ -412,7 +418,7 @@ pub(super) fn before_cache(zone: &Zone, query: &Query<'_>, out: &mut Vec<u8>) {
 pub(super) struct Chained<'a> {
     pub to: &'a Recorder<'a>,
     pub zone: &'a Arc<Zone>,
-    /// Whether the block's `forward` takes the name.
+    /// Whether one of the block's `forward` lines takes the name.
     pub forward: bool,
     pub labels: Labels,
     pub client: &'a Client,
@@ -611,7 +617,7 @@ fn refreshed_by_plugins(zone: &Zone, key: &Key) -> bool {
             true
         }
         Step::Answer { .. } | Step::ServFail => true,
-        Step::Next => !zone.forwards(key.qname()),
+        Step::Next => zone.forward_for(key.qname(), 0).is_none(),
     }
 }
 
@@ -706,9 +712,11 @@ pub(super) fn complete(
 }
 
 /// Fetches `key` upstream, and (if `store` and the block has a cache) lets the cache apply the
-/// exchange: what waiters get.
+/// exchange: what waiters get. The upstreams are those of the block's first `forward` line that
+/// takes the name; a reply with one of that line's `next` rcodes is asked again of the next line
+/// that takes it, as CoreDNS's chained forward plugins do (`next` does nothing on the last line).
 pub(super) async fn fetch(shared: &Shared, zone: &Zone, key: &Key, store: bool) -> Outcome {
-    let Some(group) = &zone.group else {
+    let Some(mut line) = zone.forward_for(key.qname(), 0) else {
         return Outcome::Failed;
     };
     let mut query = Vec::with_capacity(64);
@@ -726,20 +734,38 @@ pub(super) async fn fetch(shared: &Shared, zone: &Zone, key: &Key, store: bool) 
             }
         },
     };
-    let fetched = match group.query(&query).await {
-        // Counted and logged as the upstream's failures are: the client gets SERVFAIL.
-        Ok(bytes) => reverted(revert.as_ref(), bytes).map_or_else(
-            |err| {
-                shared.metrics.unusable_reply(zone.label);
-                zone.errors.unusable(key.qname(), key.qtype(), &err);
+    let fetched = loop {
+        let forward = &zone.forwards[line];
+        let fetched = match forward.group.query(&query).await {
+            // Counted and logged as the upstream's failures are: the client gets SERVFAIL.
+            Ok(bytes) => reverted(revert.as_ref(), bytes).map_or_else(
+                |err| {
+                    shared.metrics.unusable_reply(zone.label);
+                    zone.errors.unusable(key.qname(), key.qtype(), &err);
+                    Fetched::Failed
+                },
+                Fetched::Reply,
+            ),
+            Err(err) => {
+                shared.metrics.upstream_failed(zone.label, &err);
+                zone.errors.failed(key.qname(), key.qtype(), &err);
                 Fetched::Failed
-            },
-            Fetched::Reply,
-        ),
-        Err(err) => {
-            shared.metrics.upstream_failed(zone.label, &err);
-            zone.errors.failed(key.qname(), key.qtype(), &err);
-            Fetched::Failed
+            }
+        };
+        let passed_on = match &fetched {
+            Fetched::Reply(reply) => {
+                line + 1 < zone.forwards.len() && forward.next.contains(&reply.info().rcode)
+            }
+            Fetched::Failed => false,
+        };
+        if !passed_on {
+            break fetched;
+        }
+        match zone.forward_for(key.qname(), line + 1) {
+            Some(later) => line = later,
+            // CoreDNS passes it on down its chain, past the forward lines that do not take the
+            // name, to its end: SERVFAIL.
+            None => break Fetched::Failed,
         }
     };
     let cache = zone
@@ -1016,9 +1042,10 @@ mod tests {
                     }),
                     ..Policy::default()
                 }),
-                forward: Some(Forward {
+                forwards: vec![Forward {
                     from: ".".to_owned(),
                     except: Vec::new(),
+                    next: Vec::new(),
                     upstream: nodedns_upstream::Config {
                         addrs: vec![upstream],
                         transport: nodedns_upstream::Transport::PreferUdp,
@@ -1026,7 +1053,7 @@ mod tests {
                         health_check: Duration::from_millis(10),
                         ..Default::default()
                     },
-                }),
+                }],
                 log: Vec::new(),
                 errors: false,
                 loop_check: false,
@@ -1113,7 +1140,7 @@ mod tests {
         let runtime = tokio::runtime::Handle::current();
         let snap = shared.snapshot.load_full();
         let zone = snap.zones[0].clone();
-        let (cache, group) = (zone.cache.clone().unwrap(), zone.group.clone().unwrap());
+        let (cache, group) = (zone.cache.clone().unwrap(), zone.forwards[0].group.clone());
 
         // The name was cached a while ago; then the upstream went down.
         let stored = Instant::now();
@@ -1335,7 +1362,7 @@ mod tests {
         let mut config = config(LISTEN, upstream);
         let server = &mut config.servers[0];
         server.cache.as_mut().unwrap().success.max = 30;
-        server.forward.as_mut().unwrap().from = "other.".to_owned();
+        server.forwards[0].from = "other.".to_owned();
         server.chain.hosts = Some(crate::plugin::hosts::Hosts {
             file: "/nonexistent/hosts".into(),
             zones: vec![".".to_owned()],

@@ -804,7 +804,7 @@ mod tests {
                 zones: vec![".".to_owned()],
                 listen: vec![listen],
                 cache: None,
-                forward: None,
+                forwards: Vec::new(),
                 log: Vec::new(),
                 errors: false,
                 loop_check: false,

@@ -62,9 +62,14 @@ const CLOCK_SLACK: Duration = Duration::from_secs(2);
 pub fn identity(server: &Server) -> String {
     let join = |items: Vec<String>| items.join(",");
     let listen = join(server.listen.iter().map(ToString::to_string).collect());
-    let forward = join(server.forward.as_ref().map_or_else(Vec::new, |f| {
-        f.upstream.addrs.iter().map(ToString::to_string).collect()
-    }));
+    let forward = join(
+        server
+            .forwards
+            .iter()
+            .flat_map(|f| &f.upstream.addrs)
+            .map(ToString::to_string)
+            .collect(),
+    );
     format!(
         "zones={} listen={listen} forward={forward}",
         server.zones.join(",")

@@ -52,14 +52,15 @@ fn block(zone: &str, listen: u16) -> Server {
             }),
             ..Policy::default()
         }),
-        forward: Some(Forward {
+        forwards: vec![Forward {
             from: zone.to_owned(),
             except: Vec::new(),
+            next: Vec::new(),
             upstream: nodedns_upstream::Config {
                 addrs: vec![SocketAddr::from((Ipv4Addr::LOCALHOST, 9))],
                 ..Default::default()
             },
-        }),
+        }],
         log: Vec::new(),
         errors: false,
         loop_check: false,
