@@ -1,7 +1,7 @@
 //! Directives and options node-cache's CoreDNS accepts that change nothing nodedns does, checked
 //! as CoreDNS checks them and accepted with a one-line explanation (a warning, logged at every
-//! load and printed by `--check-config`): `debug`, `pprof`, `trace`, and `errors`' `stdout`,
-//! `stacktrace` and `consolidate`.
+//! load and printed by `--check-config`): `debug`, `metadata`, `pprof`, `trace`, and `errors`'
+//! `stdout`, `stacktrace` and `consolidate`.
 
 use super::corefile::Directive;
 use super::values;
@@ -10,13 +10,18 @@ use super::values;
 /// with its line).
 pub(crate) type Verdict = Result<String, Vec<(usize, String)>>;
 
-/// `debug`, `pprof` or `trace`; `None` for any other directive.
+/// `debug`, `metadata`, `pprof` or `trace`; `None` for any other directive.
 pub(crate) fn directive(d: &Directive) -> Option<Verdict> {
     let verdict = match d.name.as_str() {
         "debug" => no_args_or_block(d).map(|()| {
             "debug: accepted; it changes nothing in nodedns (CoreDNS's debug stops recovering \
              panics and prints its debug messages; nodedns's log level is set with --log-level or \
              /log-level)"
+                .to_owned()
+        }),
+        "metadata" => metadata(d).map(|()| {
+            "metadata: accepted; no plugin of nodedns provides metadata, so a log format's \
+             `{/LABEL}` reads `-` (as CoreDNS writes a label nobody set)"
                 .to_owned()
         }),
         "pprof" => pprof(d).map(|()| {
@@ -84,6 +89,22 @@ fn no_args_or_block(d: &Directive) -> Result<(), Vec<(usize, String)>> {
     }
     if d.has_block {
         problems.push((d.line, format!("{} takes no `{{ }}` block", d.name)));
+    }
+    none_or(problems)
+}
+
+/// `metadata [ZONES...]`: no block (CoreDNS 1.10 refuses one as an unknown property).
+fn metadata(d: &Directive) -> Result<(), Vec<(usize, String)>> {
+    let mut problems = Vec::new();
+    for zone in &d.args {
+        if let Err(e) = values::zone(&zone.text) {
+            problems.push((zone.line, format!("metadata: {e}")));
+        }
+    }
+    if let Some(o) = d.block.first() {
+        problems.push((o.line, format!("unknown option `{}` of `metadata`", o.name)));
+    } else if d.has_block {
+        problems.push((d.line, "metadata takes no `{ }` block".to_owned()));
     }
     none_or(problems)
 }

@@ -302,7 +302,7 @@ fn server_block(
             "ready" => plugin::ready::parse(d, parsed, ctx, out),
             "prometheus" => plugin::prometheus::parse(d, parsed, out),
             "errors" => server.errors = plugin::errors::parse(d, out),
-            "debug" | "pprof" | "trace" => {
+            "debug" | "metadata" | "pprof" | "trace" => {
                 if let Some(v) = compat::directive(d) {
                     verdict(v, d.line, out);
                 }

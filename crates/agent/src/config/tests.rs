@@ -2592,7 +2592,22 @@ fn the_cluster_domain_is_the_first_zone_that_is_neither_the_root_nor_reverse() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Accepted for compatibility: `debug`, `pprof`, `trace`, `errors`' options
+// Accepted for compatibility: `debug`, `metadata`, `pprof`, `trace`, `errors`' options
+
+#[test]
+fn metadata_is_accepted_with_an_explanation_and_checked_as_coredns_checks_it() {
+    let c = ok(&block(
+        "    metadata cluster.local\n    log . \"{name} {/pod}\"",
+    ));
+    assert!(
+        c.warnings.iter().any(|w| w
+            .starts_with("Corefile:3: metadata: accepted; no plugin of nodedns provides metadata")),
+        "{:?}",
+        c.warnings
+    );
+    let errs = errs(&block("    metadata {\n        labels\n    }"));
+    assert_errs(&errs, &[(4, "unknown option `labels` of `metadata`")]);
+}
 
 #[test]
 fn debug_pprof_and_trace_are_accepted_with_an_explanation() {
