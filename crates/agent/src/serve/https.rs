@@ -32,10 +32,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 
 use super::Shared;
-use super::pipeline::{self, Front, Recorder, ReplyTo, Waiter};
+use super::pipeline::{self, Front, Recorder, ReplyTo};
 use super::request::{Client, Proto};
 use super::tcp;
-use crate::accept;
 use crate::admin::Stalls;
 
 /// The endpoint's path (CoreDNS serves only this one).
@@ -60,42 +59,11 @@ pub async fn run(
     local: SocketAddr,
     limits: tcp::Limits,
     connections: Arc<tcp::Connections>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
-    let mut backoff = accept::Backoff::new("DNS over HTTPS", "nodedns_tcp_accept_errors_total");
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stop| *stop) => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => {
-                backoff.accepted();
-                accepted
-            }
-            Err(err) => {
-                connections.metrics().accept_errors.inc();
-                let delay = backoff.failed(&err, Some(local));
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => continue,
-                    _ = stop.wait_for(|stop| *stop) => return,
-                }
-            }
-        };
-        let Some(admitted) = connections.admit(peer.ip()) else {
-            shared.metrics.counters().tcp_refused();
-            drop(stream);
-            continue;
-        };
-        // A reload may have rotated the certificate: each handshake takes the current one.
-        let tls = tls.as_ref().map(|first| {
-            shared
-                .snapshot
-                .load()
-                .tls(local)
-                .unwrap_or_else(|| first.clone())
-        });
+    let each = |stream: TcpStream, peer: SocketAddr, admitted| {
+        let tls = tcp::current_tls(&shared, local, tls.as_ref());
         let context = Arc::new(Context {
             shared: shared.clone(),
             local,
@@ -105,7 +73,17 @@ pub async fn run(
             let _admitted = admitted;
             connection(context, stream, limits, tls).await;
         });
-    }
+    };
+    tcp::accept_each(
+        "DNS over HTTPS",
+        &shared,
+        &listener,
+        local,
+        &connections,
+        stop,
+        each,
+    )
+    .await;
 }
 
 /// What a connection's requests are answered with.
@@ -128,17 +106,8 @@ async fn connection(
         serve_http1(context, stream, limits).await;
         return;
     };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let stream = match tokio::time::timeout(limits.idle_timeout, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(err)) => {
-            tracing::debug!(%peer, %err, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
+    let Some(stream) = tcp::handshake(stream, tls, limits.idle_timeout, peer).await else {
+        return;
     };
     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
         serve_http2(context, stream, limits).await;
@@ -322,14 +291,7 @@ async fn answer(context: &Context, query: &[u8]) -> Option<Vec<u8>> {
             Front::Dropped => Started::Dropped,
             Front::Miss(mut miss) => {
                 let (tx, rx) = oneshot::channel();
-                let waiter = Waiter {
-                    query: query.into(),
-                    reply_to: ReplyTo::Http(tx),
-                    client,
-                    started: now,
-                    labels: miss.labels,
-                    dns64: miss.dns64.take(),
-                };
+                let waiter = miss.waiter(query, ReplyTo::Http(tx), client, now);
                 pipeline::spawn(shared, &runtime, miss, waiter);
                 Started::Waiting(rx)
             }

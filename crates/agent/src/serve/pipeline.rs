@@ -62,6 +62,27 @@ pub struct Miss {
     pub dns64: Option<Box<super::dns64::Pending>>,
 }
 
+impl Miss {
+    /// The client `query` (as received, from `client` at `started`) waiting for this miss's
+    /// answer, to be sent through `reply_to`: it takes the miss's labels and its `dns64` part.
+    pub fn waiter(
+        &mut self,
+        query: &[u8],
+        reply_to: ReplyTo,
+        client: Client,
+        started: Instant,
+    ) -> Waiter {
+        Waiter {
+            query: query.into(),
+            reply_to,
+            client,
+            started,
+            labels: self.labels,
+            dns64: self.dns64.take(),
+        }
+    }
+}
+
 /// A key to refresh in the background: a prefetch, or an entry just answered stale at once.
 #[derive(Debug)]
 pub struct Refresh {

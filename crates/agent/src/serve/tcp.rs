@@ -42,7 +42,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 
 use super::Shared;
-use super::pipeline::{self, Front, Recorder, ReplyTo, TCP_LIMIT, Waiter};
+use super::pipeline::{self, Front, Recorder, ReplyTo, TCP_LIMIT};
 use super::request::{Client, MAX_QUERY, Proto};
 use crate::accept;
 
@@ -315,10 +315,54 @@ pub async fn run(
     local: SocketAddr,
     limits: Limits,
     connections: Arc<Connections>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
-    let mut backoff = accept::Backoff::new("DNS TCP", "nodedns_tcp_accept_errors_total");
+    let each = |stream: TcpStream, peer: SocketAddr, admitted| {
+        let tls = current_tls(&shared, local, tls.as_ref());
+        let shared = shared.clone();
+        let budgets = (connections.queued.clone(), connections.metrics.clone());
+        tokio::spawn(async move {
+            let client = Client {
+                proto: Proto::Tcp,
+                addr: peer,
+            };
+            tune(&stream);
+            let Some(tls) = tls else {
+                serve_connection(shared, stream, local, client, limits, budgets, admitted).await;
+                return;
+            };
+            if let Some(stream) = handshake(stream, tls, limits.idle_timeout, peer).await {
+                serve_connection(shared, stream, local, client, limits, budgets, admitted).await;
+            }
+        });
+    };
+    accept_each(
+        "DNS TCP",
+        &shared,
+        &listener,
+        local,
+        &connections,
+        stop,
+        each,
+    )
+    .await;
+}
+
+/// The accept loop of every TCP-based listener (DNS over TCP and TLS, DNS over HTTPS): accepts
+/// on `listener` until `stop` turns true, backing off after accept errors, and hands each
+/// connection `connections` admits to `each`. A connection beyond the caps is counted and
+/// closed.
+pub(crate) async fn accept_each(
+    what: &'static str,
+    shared: &Shared,
+    listener: &TcpListener,
+    local: SocketAddr,
+    connections: &Arc<Connections>,
+    mut stop: watch::Receiver<bool>,
+    mut each: impl FnMut(TcpStream, SocketAddr, Admitted),
+) {
+    let mut backoff = accept::Backoff::new(what, "nodedns_tcp_accept_errors_total");
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -343,38 +387,45 @@ pub async fn run(
             drop(stream);
             continue;
         };
-        let shared = shared.clone();
-        let total = connections.queued.clone();
-        let metrics = connections.metrics.clone();
-        // A reload may have rotated the certificate: each handshake takes the current one.
-        let tls = tls.as_ref().map(|first| {
-            shared
-                .snapshot
-                .load()
-                .tls(local)
-                .unwrap_or_else(|| first.clone())
-        });
-        tokio::spawn(async move {
-            let client = Client {
-                proto: Proto::Tcp,
-                addr: peer,
-            };
-            let budgets = (total, metrics);
-            tune(&stream);
-            let Some(tls) = tls else {
-                serve_connection(shared, stream, local, client, limits, budgets, admitted).await;
-                return;
-            };
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-            match tokio::time::timeout(limits.idle_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => {
-                    serve_connection(shared, stream, local, client, limits, budgets, admitted)
-                        .await;
-                }
-                Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
+        each(stream, peer, admitted);
+    }
+}
+
+/// The certificate a new connection on `local` is served with: the current configuration's (a
+/// reload may have rotated it), else `first`, the listener's own; `None` without TLS.
+pub(crate) fn current_tls(
+    shared: &Shared,
+    local: SocketAddr,
+    first: Option<&Arc<rustls::ServerConfig>>,
+) -> Option<Arc<rustls::ServerConfig>> {
+    first.map(|first| {
+        shared
+            .snapshot
+            .load()
+            .tls(local)
+            .unwrap_or_else(|| first.clone())
+    })
+}
+
+/// The server side of a TLS handshake on `stream`, within `timeout`; `None` (logged at debug)
+/// when it fails or times out.
+pub(crate) async fn handshake(
+    stream: TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    timeout: Duration,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(err)) => {
+            tracing::debug!(%peer, %err, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
     }
 }
 
@@ -526,17 +577,11 @@ async fn serve_connection<S: Stream>(
             }
             Front::Miss(mut miss) => {
                 drop(room);
-                let waiter = Waiter {
-                    query: query.into(),
-                    reply_to: ReplyTo::Tcp(Answers {
-                        queue: queue.clone(),
-                        _slot: slot,
-                    }),
-                    client,
-                    started: now,
-                    labels: miss.labels,
-                    dns64: miss.dns64.take(),
+                let answers = Answers {
+                    queue: queue.clone(),
+                    _slot: slot,
                 };
+                let waiter = miss.waiter(query, ReplyTo::Tcp(answers), client, now);
                 pipeline::spawn(&shared, &runtime, miss, waiter);
             }
         }

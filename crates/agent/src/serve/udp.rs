@@ -27,7 +27,7 @@ use nix::sys::socket::{
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::Shared;
-use super::pipeline::{self, Front, Recorder, ReplyTo, Waiter};
+use super::pipeline::{self, Front, Recorder, ReplyTo};
 use super::ratelimit::{Clock, Limiter, Verdict};
 use super::request::{Client, MAX_QUERY, Proto};
 use crate::metrics::Counters;
@@ -211,14 +211,7 @@ impl Worker {
                     pipeline::refresh(shared, runtime, refresh);
                 }
                 Front::Miss(mut miss) => {
-                    let waiter = Waiter {
-                        query: packet.into(),
-                        reply_to: ReplyTo::Udp(socket.clone()),
-                        client,
-                        started: now,
-                        labels: miss.labels,
-                        dns64: miss.dns64.take(),
-                    };
+                    let waiter = miss.waiter(packet, ReplyTo::Udp(socket.clone()), client, now);
                     pipeline::spawn(shared, runtime, miss, waiter);
                 }
             }
