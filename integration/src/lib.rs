@@ -25,6 +25,7 @@ pub mod netns;
 pub mod node;
 pub mod scripted;
 
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -72,21 +73,39 @@ pub fn have(program: &str) -> bool {
         .any(|dir| dir.join(program).is_file())
 }
 
-/// A loopback port free for both UDP and TCP at the time of the call.
+/// A loopback port free for both UDP and TCP at the time of the call, and never handed out
+/// before in this process.
 ///
-/// Between this call and the caller's bind another process may take it; callers that start a
-/// server on it retry with a new port when the bind fails.
+/// The probe sockets are closed on return, so the kernel may give the same port to the next
+/// probe: two calls in a row (a listen port and a dead upstream's port, say) would then name
+/// the same port. Remembering what was handed out rules that out within the test binary.
+/// Between this call and the caller's bind another process may still take the port; callers
+/// that start a server on it retry with a new port when the bind fails.
 pub fn free_port() -> std::io::Result<u16> {
-    for _ in 0..64 {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..256 {
         let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let port = tcp.local_addr()?.port();
+        if handed_out.contains(&port) {
+            continue;
+        }
         if UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            handed_out.insert(port);
             return Ok(port);
         }
     }
     Err(std::io::Error::new(
         std::io::ErrorKind::AddrInUse,
         "no port free for both UDP and TCP",
+    ))
+}
+
+/// [`free_port`] on the loopback address, for a listener of the agent (admin, metrics).
+pub fn free_loopback() -> SocketAddr {
+    SocketAddr::from((
+        Ipv4Addr::LOCALHOST,
+        free_port().expect("a free loopback port"),
     ))
 }
 

@@ -19,19 +19,13 @@ use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use nix::sys::signal::Signal;
 use nodedns_integration::knot::{self, Knot};
-use nodedns_integration::{Process, TempDir, client, free_port, nodedns_bin};
+use nodedns_integration::{Process, TempDir, client, free_loopback, free_port, nodedns_bin};
 
 /// A `nodedns run` with its DNS and admin addresses.
 struct Running {
     process: Process,
     dns: SocketAddr,
     admin: SocketAddr,
-}
-
-/// A free loopback TCP port for an admin listener.
-fn free_tcp() -> SocketAddr {
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    listener.local_addr().unwrap()
 }
 
 /// `GET`/`PUT` `path` on `addr` over HTTP/1.0: (status, body).
@@ -72,7 +66,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 fn start(args: &[String], dns: SocketAddr, admin: Option<SocketAddr>, ready: bool) -> Running {
     let mut last = String::new();
     for _ in 0..3 {
-        let admin = admin.unwrap_or_else(free_tcp);
+        let admin = admin.unwrap_or_else(free_loopback);
         let mut command = Command::new(nodedns_bin());
         command.arg("run").args(args).env("RUST_BACKTRACE", "1");
         if !args.iter().any(|a| a == "--conf") {
@@ -522,7 +516,7 @@ async fn zone_labels_follow_the_corefile_and_the_log_directive_logs_queries() {
     })
     .expect("knotd starts");
     let port = free_port().unwrap();
-    let admin = free_tcp();
+    let admin = free_loopback();
     let dir = TempDir::new("nodedns-metrics").unwrap();
     let corefile = dir.path().join("Corefile");
     let upstream = knot.addr();

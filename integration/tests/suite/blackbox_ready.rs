@@ -11,7 +11,7 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use nix::sys::signal::Signal;
 use nodedns_integration::knot::{self, Knot};
-use nodedns_integration::{Process, client, free_port, nodedns_bin};
+use nodedns_integration::{Process, client, free_loopback, free_port, nodedns_bin};
 
 /// `GET path` over HTTP/1.0: (status, body), or `None` when nothing answers.
 fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
@@ -34,10 +34,7 @@ fn status(addr: SocketAddr, path: &str) -> Option<u16> {
 fn start(upstream: SocketAddr, extra: &[&str]) -> (Process, SocketAddr, SocketAddr) {
     for _ in 0..3 {
         let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
-        let admin = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let admin = free_loopback();
         let mut command = Command::new(nodedns_bin());
         command
             .arg("run")

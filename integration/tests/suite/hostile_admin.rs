@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nodedns_integration::{Process, free_port, have, http_get, nodedns_bin};
+use nodedns_integration::{Process, free_loopback, free_port, have, http_get, nodedns_bin};
 
 use crate::reliability_support;
 
@@ -32,18 +32,11 @@ struct Admin {
     metrics: SocketAddr,
 }
 
-fn loopback_port() -> SocketAddr {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 fn start(wrapper: &[&str], extra: &[&str]) -> Admin {
     let dead = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
     for _ in 0..3 {
         let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
-        let (health, metrics) = (loopback_port(), loopback_port());
+        let (health, metrics) = (free_loopback(), free_loopback());
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);

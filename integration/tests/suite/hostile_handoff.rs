@@ -14,7 +14,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use nodedns_integration::{Process, TempDir, free_port, have, http_get, nodedns_bin};
+use nodedns_integration::{
+    Process, TempDir, free_loopback, free_port, have, http_get, nodedns_bin,
+};
 
 /// The hand-over's deadlines (crates/agent/src/handoff/mod.rs), as docs/reliability.md states them.
 const HELLO: Duration = Duration::from_secs(1);
@@ -98,10 +100,7 @@ struct Agent {
 fn spawn(dir: &Path, umask: &str) -> Agent {
     let dead = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
     let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port().unwrap()));
-    let health = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let health = free_loopback();
     let mut command = Command::new("sh");
     command
         .args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
