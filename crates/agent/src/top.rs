@@ -662,7 +662,9 @@ fn client_panels(before: &Scrape, after: &Scrape, seconds: f64) -> (Vec<ClientRo
                 random_per_s: get(&random, k) / seconds,
                 distinct: distinct
                     .iter()
-                    .find(|(d, _)| d.first() == Some(&client))
+                    .find(|(d, _)| {
+                        d.first() == Some(&client) && d.get(1).is_some_and(|z| !z.is_empty())
+                    })
                     .map(|(d, v)| (*v, d.get(1).cloned().unwrap_or_default())),
                 client,
             }
@@ -865,6 +867,7 @@ nodedns_client_cache_hits_total{client="10.244.1.17"} 450
 nodedns_client_cache_requests_total{client="10.244.1.17"} 500
 nodedns_client_random_names_total{client="10.244.2.5"} 10
 nodedns_client_zone_distinct_names{client="10.244.2.5",zone="t.example.com."} 42
+nodedns_client_zone_distinct_names{client="10.244.3.9",zone=""} 0
 nodedns_client_name_queries_total{client="10.244.1.17",name="api.example.com.default.svc.cluster.local."} 320
 nodedns_client_name_queries_total{client="10.244.2.5",name="x.t.example.com."} 16
 "#,
@@ -893,6 +896,7 @@ nodedns_client_name_queries_total{client="10.244.2.5",name="x.t.example.com."} 1
             Some((42.0, "t.example.com.".to_owned()))
         );
         assert_eq!(v.clients[2].hit_ratio, None);
+        assert_eq!(v.clients[2].distinct, None, "no watch: no zone");
         assert_eq!(v.names[0].qps, 80.0);
         assert_eq!(v.names[0].client, "10.244.1.17");
         let text = v.render("127.0.0.1:9253".parse().unwrap(), Duration::from_secs(2));

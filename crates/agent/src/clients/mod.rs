@@ -648,13 +648,15 @@ impl Board {
             None,
             MetricType::Gauge,
         )?;
+        // One gauge per shown client, so the series count stays fixed: a client nodedns holds
+        // no watch of (it asked nothing upstream, or a flood of addresses took its watch) has
+        // the empty zone and 0.
         for c in &view.clients {
-            if let Some((zone, per_minute)) = &c.zone {
-                let client = c.addr.to_string();
-                let labels = [("client", client.as_str()), ("zone", zone.as_str())];
-                m.encode_family(&labels)?
-                    .encode_gauge(&u64::from(*per_minute))?;
-            }
+            let (zone, per_minute) = c.zone.as_ref().map_or(("", 0), |(z, n)| (z.as_str(), *n));
+            let client = c.addr.to_string();
+            let labels = [("client", client.as_str()), ("zone", zone)];
+            m.encode_family(&labels)?
+                .encode_gauge(&u64::from(per_minute))?;
         }
         let mut m = encoder.encode_descriptor(
             "nodedns_client_name_queries",
