@@ -132,7 +132,7 @@ pub(super) fn stream_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 ///
 /// `AsyncFd::new` is deprecated because, for an arbitrary `T: AsRawFd`, nothing guarantees that
 /// the descriptor stays open and the same while registered (the replacement, `register`, is
-/// `unsafe` for that reason, and this workspace forbids `unsafe`). An `OwnedFd` guarantees
+/// `unsafe` for that reason, and this workspace denies `unsafe`). An `OwnedFd` guarantees
 /// exactly that: it owns the descriptor, closes it only on drop, and `as_raw_fd` never changes.
 #[allow(deprecated)]
 pub(super) fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
