@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Opens connections to upstream addresses.
@@ -64,15 +64,16 @@ impl Dial for Tcp {
         Ok(stream)
     }
 
-    /// A non-blocking peek (one syscall, nothing consumed) must find no data and no EOF. It asks
-    /// the kernel, so it sees a FIN that arrived after the runtime last looked at the socket.
+    /// No data and no EOF. When the runtime has not seen the socket become readable since the
+    /// last reply was read (the read that took it was short, which clears the readiness), that
+    /// is the answer, without a syscall; otherwise a non-blocking peek (nothing consumed) asks
+    /// the kernel. A FIN that arrives after the runtime last polled is not seen here; the
+    /// exchange then finds the connection closed and retries on a new one at once
+    /// ([`crate::pool`]), at the cost of one write.
     fn usable(&self, conn: &mut TcpStream) -> bool {
         let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-        // Tokio keeps its sockets non-blocking, so this returns at once.
-        matches!(
-            SockRef::from(&*conn).peek(&mut byte),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock
-        )
+        let peek = conn.try_io(Interest::READABLE, || SockRef::from(&*conn).peek(&mut byte));
+        matches!(peek, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -80,7 +81,7 @@ impl Dial for Tcp {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
@@ -111,6 +112,21 @@ mod tests {
         server.write_all(&[0, 12]).await.unwrap();
         conn.readable().await.unwrap();
         assert!(!Tcp.usable(&mut conn));
+    }
+
+    #[tokio::test]
+    async fn tcp_is_usable_again_once_a_reply_was_read_and_unusable_when_more_comes() {
+        let (listener, addr) = listener().await;
+        let mut conn = Tcp.dial(addr).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        server.write_all(&[0, 2, 7, 7]).await.unwrap();
+        let mut reply = [0u8; 512];
+        let n = conn.read(&mut reply).await.unwrap();
+        assert_eq!(n, 4, "the whole reply in one short read");
+        assert!(Tcp.usable(&mut conn), "nothing left after the reply");
+        server.write_all(&[0, 2]).await.unwrap();
+        conn.readable().await.unwrap();
+        assert!(!Tcp.usable(&mut conn), "bytes nobody asked for");
     }
 
     #[tokio::test]
