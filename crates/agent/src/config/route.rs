@@ -126,8 +126,10 @@ impl Router {
         }
     }
 
-    /// The block for `qname` (wire form, already lowercased) arriving at `local`; `None` when no
-    /// block listening there serves the name, or the name is malformed.
+    /// The block for `qname` (wire form, already lowercased, as the query parser gives it)
+    /// arriving at `local`; `None` when no block listening there serves the name, or the name
+    /// is malformed below a zone other than the root (every name is under the root, and the
+    /// parser has checked its labels: the root zone matches without walking them).
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<Route> {
         // The longest zone wins. Zone lists are short (node-local-dns has four blocks of one zone
         // each), so compare each zone with the name's tail, longest candidate first kept, and
@@ -137,7 +139,7 @@ impl Router {
         for (server, block) in self.blocks.iter().enumerate() {
             let mut listening = None;
             for (zone, z) in block.zones.iter().enumerate() {
-                if (best.is_some() && z.len() <= best_len) || !is_under(qname, z)? {
+                if (best.is_some() && z.len() <= best_len) || !routes_to(qname, z)? {
                     continue;
                 }
                 if !*listening.get_or_insert_with(|| listens(&block.listen, local)) {
@@ -174,6 +176,14 @@ fn is_under(name: &[u8], zone: &[u8]) -> Option<bool> {
         return Some(false);
     }
     suffix_at(name, zone)
+}
+
+/// [`is_under`] for the router: the root zone (`[0]`) holds every name without a walk.
+fn routes_to(name: &[u8], zone: &[u8]) -> Option<bool> {
+    if *zone == [0] {
+        return Some(!name.is_empty());
+    }
+    is_under(name, zone)
 }
 
 #[cfg(test)]
@@ -335,16 +345,22 @@ mod tests {
 
     #[test]
     fn malformed_names_route_nowhere_and_never_panic() {
-        let servers = [server(&["."], &[LOCAL], Some((".", &[])))];
+        let servers = [server(&["example"], &[LOCAL], Some((".", &[])))];
         let r = Router::new(&servers);
-        for bad in [
-            &[][..],
-            &[5, b'a'][..],
-            &[1, b'a'][..],
-            &[63][..],
-            &[1, b'a', 9, 0][..],
-        ] {
-            assert_eq!(r.route(bad, local()), None, "{bad:?}");
+        let zone = q("example");
+        let ending = |prefix: &[u8]| [prefix, &zone].concat();
+        // Each ends with the zone's bytes, but a label runs past the end of the name.
+        for bad in [ending(&[40]), ending(&[1, b'a', 20]), ending(&[3, b'a'])] {
+            assert!(bad.ends_with(&zone));
+            assert_eq!(r.route(&bad, local()), None, "{bad:?}");
+        }
+        assert_eq!(r.route(&[], local()), None);
+        // The root zone takes every name without walking it (the parser checked its labels),
+        // and never panics on one that is not well formed.
+        let root = Router::new(&[server(&["."], &[LOCAL], Some((".", &[])))]);
+        assert_eq!(root.route(&[], local()), None);
+        for odd in [&[5, b'a'][..], &[63][..], &[1, b'a', 9, 0][..]] {
+            assert!(root.route(odd, local()).is_some(), "{odd:?}");
         }
     }
 }
