@@ -224,6 +224,9 @@ impl Tap {
             .spawn(move || {
                 let closing = writer.closing.clone();
                 writer.run(&rx);
+                // Closed before the end is announced: what is tapped once `finish` returned
+                // finds the queue disconnected, and is dropped and counted.
+                drop(rx);
                 closing.end();
             })?;
         Ok(Arc::new(Tap {
