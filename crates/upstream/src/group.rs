@@ -924,6 +924,71 @@ mod tests {
         assert_eq!((m.retries.get(), m.hedges.get()), (0, 0));
     }
 
+    /// Runs `ask` for each name on a runtime of its own (a current-thread one, as the agent's UDP
+    /// workers have), one runtime after the other.
+    fn ask_on_own_runtime(g: &Arc<Group<Memory>>, name: &str) -> Result<Option<Ipv4Addr>, Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(ask(g, name))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_connection_is_reused_only_on_the_runtime_that_opened_it() {
+        let up = Upstream::start(Mode::Answer, 1).await;
+        let g = Arc::new(group(config(&[up.addr])));
+        let other = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        assert_eq!(ask(&g, "a.example.").await, Ok(tag(1)));
+        // The other runtime's reactor does not watch the first connection: it opens its own.
+        let theirs = g.clone();
+        let on_other = tokio::task::spawn_blocking(move || {
+            other.block_on(async {
+                assert_eq!(ask(&theirs, "b.example.").await, Ok(tag(1)));
+                assert_eq!(ask(&theirs, "c.example.").await, Ok(tag(1)));
+            });
+            other
+        })
+        .await
+        .expect("no panic");
+        assert_eq!(ask(&g, "d.example.").await, Ok(tag(1)));
+        assert_eq!(up.stats().accepted.load(SeqCst), 2, "one per runtime");
+        let m = &g.target(up.addr).metrics;
+        assert_eq!((m.connects.get(), m.tcp_hits.get()), (2, 2));
+        assert_eq!(g.target(up.addr).pool.idle_count(), 2);
+        tokio::task::spawn_blocking(move || drop(on_other))
+            .await
+            .expect("no panic");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn runtimes_share_the_cap_an_idle_connection_of_another_makes_room() {
+        let up = Upstream::start(Mode::Answer, 1).await;
+        let g = Arc::new(group(Config {
+            max_connections: 2,
+            ..config(&[up.addr])
+        }));
+        for i in 0..4 {
+            let theirs = g.clone();
+            let name = format!("r{i}.example.");
+            let answer = tokio::task::spawn_blocking(move || ask_on_own_runtime(&theirs, &name))
+                .await
+                .expect("no panic");
+            assert_eq!(answer, Ok(tag(1)));
+            let open = g.target(up.addr).metrics.connections.get();
+            assert_eq!(open, (i + 1).min(2), "after the query of runtime {i}");
+        }
+        // Four runtimes, a connection each; the third and fourth dial closed the oldest idle one.
+        assert_eq!(up.stats().accepted.load(SeqCst), 4);
+        up.until("two closed by the client", |s| {
+            s.client_closed.load(SeqCst) == 2 && s.open.load(SeqCst) == 2
+        })
+        .await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrency_grows_the_pool_up_to_max_connections_and_no_further() {
         let up = Upstream::start(Mode::Hold, 1).await;

@@ -26,6 +26,7 @@
 //!   (`max_concurrent`), readiness probes.
 //! - `pool`: per address, the TCP connections (LIFO idle stack, a slot semaphore capping them at
 //!   `max_connections`, the idle reaper) and the one-query-at-a-time exchange on a connection.
+//!   A connection is reused only on the runtime that opened it (its reactor watches the socket).
 //! - [`Dial`]: how a pool opens a connection (any byte stream; [`Net`] in production, plain
 //!   [`Tcp`] with TLS on top for `tls://` addresses; an in-memory pipe under it in the tests, so
 //!   that deadlines, expiry and health checks run on tokio's paused clock).

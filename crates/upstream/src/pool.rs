@@ -4,8 +4,11 @@
 //! connection carries one query at a time and concurrency needs several connections. The pool:
 //! - caps connections at `max_connections` with a semaphore whose permits are *slots*: a query
 //!   takes a slot first (waiting when all are busy), then reuses an idle connection or dials
-//!   one. Idle connections hold no slot, and a dial only happens when none is idle, so open
-//!   connections never exceed the cap.
+//!   one. Idle connections hold no slot; a dial that would take the open connections past the
+//!   cap first closes the oldest idle one, so open connections never exceed it.
+//! - reuses a connection only on the runtime that opened it: its socket is registered with
+//!   that runtime's reactor, which alone learns that a reply arrived. The agent serves each UDP
+//!   socket on a runtime of its own, whose misses then never wait on another thread.
 //! - waits without timers of its own: the caller bounds every wait (slot, dial, reply) by
 //!   dropping the future, which closes whatever connection it held. One query then costs one
 //!   timer, the group's, however many steps it has.
@@ -35,6 +38,7 @@ use std::time::Duration;
 
 use nodedns_wire::frame;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::runtime::{Handle, Id};
 use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
@@ -73,9 +77,12 @@ pub(crate) struct Pool<D: Dial> {
     expire: Duration,
     /// Opens the connections (shared by the pools of one group).
     dial: Arc<D>,
+    /// Open connections at most (the slots' number).
+    max_connections: usize,
     /// One permit per connection in use.
     slots: Semaphore,
-    /// Idle connections, oldest first; taken from and returned to the end.
+    /// Idle connections, oldest first; taken from and returned to the end. The connections of
+    /// every runtime share it: one expiry order, one cap.
     idle: Mutex<Vec<Idle<D::Conn>>>,
     /// Wakes the reaper when the stack was empty and a connection went idle.
     went_idle: Notify,
@@ -90,6 +97,9 @@ struct Idle<S> {
 /// One open connection and what has been read from it. Closing it is dropping it.
 pub(crate) struct Conn<S> {
     stream: S,
+    /// The runtime that opened it (and whose reactor watches its socket): the only one that may
+    /// use it.
+    home: Id,
     /// Bytes read and not yet taken as a reply. Empty whenever the connection is idle: bytes
     /// left after a reply make it unusable.
     frames: frame::Buffer,
@@ -125,11 +135,13 @@ impl<D: Dial> Pool<D> {
         dial: Arc<D>,
         metrics: Arc<Target>,
     ) -> Self {
+        let max_connections = max_connections.min(Semaphore::MAX_PERMITS);
         Pool {
             addr,
             expire,
             dial,
-            slots: Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS)),
+            max_connections,
+            slots: Semaphore::new(max_connections),
             idle: Mutex::new(Vec::new()),
             went_idle: Notify::new(),
             metrics,
@@ -147,13 +159,14 @@ impl<D: Dial> Pool<D> {
         self.slots.acquire().await.ok()
     }
 
-    /// With a slot, an idle connection as `pick` says, or a new one.
+    /// With a slot, an idle connection of this runtime as `pick` says, or a new one.
     pub(crate) async fn lease<'a>(
         &'a self,
         slot: SemaphorePermit<'a>,
         pick: Pick,
     ) -> Result<Lease<'a, D>, Fault> {
-        if let Some((conn, answered)) = self.take_idle(pick) {
+        let home = Handle::current().id();
+        if let Some((conn, answered)) = self.take_idle(pick, home) {
             self.metrics.tcp_hits.inc();
             return Ok(Lease {
                 pool: self,
@@ -171,21 +184,22 @@ impl<D: Dial> Pool<D> {
         })
     }
 
-    /// Pops idle connections until one is neither expired nor closed by the peer, and is one
-    /// `pick` accepts; returns it with the time of its last reply. The stack is in the order
-    /// the connections answered, so when the newest did not answer after the moment asked for,
-    /// none did.
-    fn take_idle(&self, pick: Pick) -> Option<(Conn<D::Conn>, Instant)> {
+    /// Takes the newest idle connection of runtime `home` until one is neither expired nor
+    /// closed by the peer, and is one `pick` accepts; returns it with the time of its last
+    /// reply. The stack is in the order the connections answered, so when the newest did not
+    /// answer after the moment asked for, none did.
+    fn take_idle(&self, pick: Pick, home: Id) -> Option<(Conn<D::Conn>, Instant)> {
         let now = Instant::now();
         loop {
             let mut idle = {
                 let mut stack = self.idle();
-                if let (Pick::AnsweredAfter(t), Some(top)) = (pick, stack.last()) {
-                    if top.since <= t {
+                let at = stack.iter().rposition(|i| i.conn.home == home)?;
+                if let Pick::AnsweredAfter(t) = pick {
+                    if stack[at].since <= t {
                         return None;
                     }
                 }
-                stack.pop()?
+                stack.remove(at)
             };
             if now < idle.since + self.expire && self.dial.usable(&mut idle.conn.stream) {
                 return Some((idle.conn, idle.since));
@@ -194,8 +208,23 @@ impl<D: Dial> Pool<D> {
         }
     }
 
-    /// Opens a connection for the pool (counted in the pool's metrics).
+    /// Before a dial, with its slot: closes the oldest idle connections (another runtime's, or
+    /// ones `pick` passed over) while the open ones would otherwise exceed the cap.
+    fn make_room(&self) {
+        let in_use = self.max_connections - self.slots.available_permits();
+        let closed: Vec<Idle<D::Conn>> = {
+            let mut idle = self.idle();
+            let over = (in_use + idle.len()).saturating_sub(self.max_connections);
+            let over = over.min(idle.len());
+            idle.drain(..over).collect()
+        };
+        // Dropped here, outside the lock: closed.
+        drop(closed);
+    }
+
+    /// Opens a connection for the pool (counted in the pool's metrics), on the caller's runtime.
     async fn dial(&self) -> Result<Conn<D::Conn>, Fault> {
+        self.make_room();
         self.metrics.tcp_misses.inc();
         // Boxed: a TLS handshake's future holds the session's state (kilobytes), and inline it
         // would sit in the task of every query, which nearly always takes an idle connection.
@@ -203,6 +232,7 @@ impl<D: Dial> Pool<D> {
         self.metrics.connects.inc();
         Ok(Conn {
             stream,
+            home: Handle::current().id(),
             frames: frame::Buffer::new(BUFFER),
             _open: Held::new(&self.metrics.connections),
         })

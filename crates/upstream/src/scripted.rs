@@ -101,6 +101,9 @@ struct Shared {
     gate: Semaphore,
     /// Its node died: connections in memory are never accepted, queries never answered.
     dead: AtomicBool,
+    /// The runtime that started it, which serves every connection (an in-memory one is dialed
+    /// on the client's runtime, which may end before the connection does).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Shared {
@@ -284,6 +287,7 @@ impl Upstream {
             changed: Notify::new(),
             gate: Semaphore::new(0),
             dead: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
         });
         registry()
             .lock()
@@ -407,7 +411,7 @@ where
         accept(shared, stream, reset);
         return;
     };
-    tokio::spawn(async move {
+    shared.runtime.clone().spawn(async move {
         match acceptor.accept(stream).await {
             Ok(stream) => accept(shared, stream, reset),
             Err(_) => shared.bump(&shared.stats.tls_failed),
@@ -424,7 +428,7 @@ where
     let open = shared.stats.open.fetch_add(1, Ordering::SeqCst) + 1;
     shared.stats.max_open.fetch_max(open, Ordering::SeqCst);
     shared.bump(&shared.stats.accepted);
-    tokio::spawn(async move {
+    shared.runtime.clone().spawn(async move {
         serve_connection(stream, reset, &shared).await;
         shared.stats.open.fetch_sub(1, Ordering::SeqCst);
         shared.changed.notify_waiters();
