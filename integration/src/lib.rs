@@ -348,6 +348,15 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
 /// with a resolv.conf naming a documentation address; not waited for. Returns the agent and the
 /// Corefile's path.
 pub fn spawn_with_corefile(dir: &TempDir, corefile: &str) -> (Process, PathBuf) {
+    spawn_with_corefile_and(dir, corefile, &[])
+}
+
+/// [`spawn_with_corefile`], with more `run` flags.
+pub fn spawn_with_corefile_and(
+    dir: &TempDir,
+    corefile: &str,
+    flags: &[&str],
+) -> (Process, PathBuf) {
     let path = dir.path().join("Corefile");
     std::fs::write(&path, corefile).expect("write the Corefile");
     let resolv_conf = dir.path().join("resolv.conf");
@@ -360,6 +369,7 @@ pub fn spawn_with_corefile(dir: &TempDir, corefile: &str) -> (Process, PathBuf) 
         .arg("--resolv-conf")
         .arg(&resolv_conf)
         .arg("--no-setup")
+        .args(flags)
         .env_remove("NODEDNS_HANDOFF_DIR");
     let agent = Process::spawn("nodedns", command).expect("spawn nodedns");
     (agent, path)

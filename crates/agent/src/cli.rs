@@ -40,7 +40,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub check_config: bool,
 
-    /// UDP workers per listen address (default: one per CPU).
+    /// UDP workers per listen address (default: one per CPU, at most 4). Each worker resolves
+    /// its own misses and keeps upstream connections of its own.
     #[arg(long, env = "NODEDNS_THREADS")]
     pub threads: Option<usize>,
 

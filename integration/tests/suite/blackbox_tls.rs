@@ -14,7 +14,7 @@ use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use nodedns_integration::dot::{self, Pki, Unbound};
 use nodedns_integration::knot::{self, Knot};
-use nodedns_integration::{Process, TempDir, client, free_port, http_get, spawn_with_corefile};
+use nodedns_integration::{Process, TempDir, client, free_port, http_get, spawn_with_corefile_and};
 
 /// The name the upstream's certificate is for, and what `tls_servername` says.
 const NAME: &str = "dns.nodedns.test";
@@ -45,7 +45,9 @@ impl Agent {
 }}
 "
         );
-        let (mut process, _) = spawn_with_corefile(&dir, &corefile);
+        // One UDP worker: each worker's runtime keeps connections of its own, and the counts
+        // below are one runtime's.
+        let (mut process, _) = spawn_with_corefile_and(&dir, &corefile, &["--threads", "1"]);
         process
             .wait_output("serving DNS", Duration::from_secs(15))
             .unwrap();

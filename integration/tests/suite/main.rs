@@ -5,7 +5,8 @@
 //!   caching, configuration, Corefile forms (imports, keys, cache options), directives' options,
 //!   node-cache's flags, metrics, per-client figures, dnstap read by golang-dnstap's reader,
 //!   readiness, reload, serve-stale against an upstream's failure answers, DNS over TLS to the
-//!   upstream, zone transfers, the upstream pool, the wire format), and the harness's own parts
+//!   upstream, zone transfers, how a UDP worker waits, the upstream pool, the wire format), and
+//!   the harness's own parts
 //!   checked against real tools;
 //! - `corpus`: the NodeLocal DNSCache configurations of installers, charts and users
 //!   (`testdata/corpus/`), each loaded and answered as node-cache answered it;
@@ -45,6 +46,7 @@ mod blackbox_serve_tls;
 mod blackbox_stale;
 mod blackbox_tls;
 mod blackbox_transfers;
+mod blackbox_udp_worker;
 mod blackbox_upstream;
 mod blackbox_wire;
 mod corpus;

@@ -13,6 +13,12 @@ use crate::config::{self, Config, ConfigArgs, ConfigError, Problem};
 use crate::host::HostArgs;
 use crate::serve::{querylog, ratelimit, tcp};
 
+/// UDP workers per listen address at most, by default (`--threads` sets any number). Each
+/// worker resolves its own misses on a runtime of its own and keeps its own upstream
+/// connections (idle ones for `expire`): four answer far more than a node's pods ask, and on a
+/// node of many CPUs one worker per CPU would hold one connection per worker to CoreDNS.
+pub const DEFAULT_THREADS: usize = 4;
+
 /// A validated configuration and the runtime settings, as the app uses them.
 #[derive(Debug)]
 pub struct Settings {
@@ -85,7 +91,9 @@ impl Settings {
     pub fn with_config(args: RunArgs, config: Config) -> Settings {
         let threads = args
             .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(DEFAULT_THREADS))
+            })
             .max(1);
         let drain = config
             .lameduck
@@ -220,7 +228,9 @@ mod tests {
         let s = settings(&["nodedns", "run", "--threads", "0"], Config::default());
         assert_eq!(s.threads, 1);
         let s = settings(&["nodedns", "run"], Config::default());
-        assert!(s.threads >= 1);
+        assert!((1..=DEFAULT_THREADS).contains(&s.threads), "{}", s.threads);
+        let s = settings(&["nodedns", "run", "--threads", "16"], Config::default());
+        assert_eq!(s.threads, 16, "any number when asked");
     }
 
     #[test]

@@ -306,7 +306,6 @@ impl Generation {
         limits: tcp::Limits,
         connections: &Arc<tcp::Connections>,
     ) -> Result<Generation, ListenError> {
-        let runtime = tokio::runtime::Handle::current();
         let (stop, stopped) = watch::channel(false);
         let udp_stop = Arc::new(AtomicBool::new(false));
         let mut generation = Generation {
@@ -325,11 +324,14 @@ impl Generation {
             match socket.kind {
                 Kind::Udp => {
                     let socket = Arc::new(std::net::UdpSocket::from(fd));
-                    let (shared, runtime, stop) =
-                        (shared.clone(), runtime.clone(), generation.udp_stop.clone());
+                    let shared = shared.clone();
+                    let stop = udp::Stop {
+                        flag: generation.udp_stop.clone(),
+                        signal: stopped.clone(),
+                    };
                     let thread = std::thread::Builder::new()
                         .name(format!("udp-{workers}"))
-                        .spawn(move || udp::run(shared, socket, addr, runtime, stop))
+                        .spawn(move || udp::run(shared, socket, addr, stop))
                         .map_err(ListenError::serve("spawn UDP worker"))?;
                     workers += 1;
                     generation.udp_threads.push(thread);
@@ -388,7 +390,7 @@ impl Generation {
     /// The sockets stay open (in [`Listeners`], and in the instance that now serves them), so
     /// nothing queued on them is lost.
     pub async fn stop(self) {
-        self.udp_stop.store(true, Ordering::Relaxed);
+        self.udp_stop.store(true, Ordering::Release);
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;

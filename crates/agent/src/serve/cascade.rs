@@ -229,15 +229,20 @@ fn start(shared: &Arc<Shared>, snap: &Snapshot, local: SocketAddr, key: Key) {
     metrics.cascade(Cascade::Started);
     let (shared, zone) = (shared.clone(), zone.clone());
     tokio::spawn(async move {
+        let leading = pipeline::Leading::new(&shared, &zone, &key);
         let outcome = pipeline::fetch(&shared, &zone, &key, true).await;
-        let joined = pipeline::complete(&shared, &zone, &key, &outcome);
+        let joined = leading.complete(&outcome);
         drop(pending);
         place.fetched();
-        let used = joined > 0 || watch(&outcome).await;
-        shared
-            .metrics
-            .cascade(if used { Cascade::Used } else { Cascade::Wasted });
-        drop(place);
+        // The watch outlives the query: on the main runtime (`Shared::background`).
+        let background = shared.background.clone();
+        background.spawn(async move {
+            let used = joined > 0 || watch(&outcome).await;
+            shared
+                .metrics
+                .cascade(if used { Cascade::Used } else { Cascade::Wasted });
+            drop(place);
+        });
     });
 }
 

@@ -368,6 +368,10 @@ pub struct Shared {
     pub cascade: cascade::Bounds,
     /// The UDP listeners' limit per client address (off unless [`Shared::with_udp_limit`]).
     pub udp_limit: ratelimit::Limiter,
+    /// The agent's main runtime, for work that outlives a query (the cascade prefetch's watch
+    /// of the entries it fetched): a UDP worker's runtime serves queries only, and goes back to
+    /// its cheapest wait once they are answered (`udp`).
+    pub background: tokio::runtime::Handle,
     /// Set when shutdown begins: listeners stop reading new queries.
     stopping: AtomicBool,
     /// Misses being resolved, so shutdown can wait for their answers.
@@ -376,6 +380,7 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Must be called on the agent's main runtime (it becomes [`Shared::background`]).
     pub fn new(
         snapshot: Snapshot,
         metrics: Arc<Metrics>,
@@ -390,6 +395,7 @@ impl Shared {
             loops: loopcheck::Detector::default(),
             cascade: cascade::Bounds::default(),
             udp_limit: ratelimit::Limiter::off(),
+            background: tokio::runtime::Handle::current(),
             stopping: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),

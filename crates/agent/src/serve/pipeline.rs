@@ -607,8 +607,9 @@ pub fn refresh(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, refresh: 
     }
     let shared = shared.clone();
     runtime.spawn(async move {
+        let leading = Leading::new(&shared, &zone, &key);
         let outcome = fetch(&shared, &zone, &key, true).await;
-        complete(&shared, &zone, &key, &outcome);
+        leading.complete(&outcome);
         drop(in_flight);
     });
 }
@@ -662,6 +663,7 @@ async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: In
             return;
         }
     }
+    let leading = Leading::new(&shared, zone, key);
     let outcome = match stored_meanwhile(zone, key) {
         Some(outcome) => outcome,
         None => match zone.cache.as_ref().and_then(|c| c.verify_timeout()) {
@@ -672,7 +674,43 @@ async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: In
         },
     };
     super::cascade::follow(&shared, zone, key, &outcome);
-    complete(&shared, zone, key, &outcome);
+    leading.complete(&outcome);
+}
+
+/// A fetch that a task leads, from the moment its key's flight is open until its waiters are
+/// answered. Should the task be dropped first (its runtime ended: a UDP worker that stopped and
+/// whose misses outlasted its drain), the waiters still get an answer, SERVFAIL, and the
+/// flight ends, so that later misses of the key do not join a fetch nobody runs.
+pub(super) struct Leading<'a> {
+    shared: &'a Arc<Shared>,
+    zone: &'a Arc<Zone>,
+    key: &'a Key,
+    done: bool,
+}
+
+impl<'a> Leading<'a> {
+    pub(super) fn new(shared: &'a Arc<Shared>, zone: &'a Arc<Zone>, key: &'a Key) -> Self {
+        Leading {
+            shared,
+            zone,
+            key,
+            done: false,
+        }
+    }
+
+    /// Ends the flight with `outcome` ([`complete`]); returns how many waiters it answered.
+    pub(super) fn complete(mut self, outcome: &Outcome) -> usize {
+        self.done = true;
+        complete(self.shared, self.zone, self.key, outcome)
+    }
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            complete(self.shared, self.zone, self.key, &Outcome::Failed);
+        }
+    }
 }
 
 /// The fresh entry a fetch stored between this miss's cache look-up and its join, if one did:
@@ -953,11 +991,12 @@ pub(super) fn written(
 }
 
 /// Sends one answer. UDP sends never block: a full socket buffer drops the answer (counted), as
-/// the kernel would have dropped the query.
+/// the kernel would have dropped the query; on the socket's own worker, the answer waits for the
+/// others its runtime finishes in the same turn (`udp::send`).
 fn send(shared: &Shared, reply_to: ReplyTo, peer: SocketAddr, out: Vec<u8>) {
     match reply_to {
         ReplyTo::Udp(socket) => {
-            if super::udp::send_nonblocking(&socket, &out, peer).is_err() {
+            if !super::udp::send(&socket, out, peer) {
                 shared.metrics.counters().send_failed();
             }
         }
