@@ -34,6 +34,21 @@ pub trait Dial: Send + Sync + 'static {
     fn usable(&self, conn: &mut Self::Conn) -> bool {
         nothing_to_read(conn)
     }
+
+    /// Whether [`Dial::rehome`] can move `conn` to another runtime.
+    fn movable(&self, conn: &Self::Conn) -> bool {
+        let _ = conn;
+        false
+    }
+
+    /// The idle connection `conn`, opened on another runtime, moved to the current one (its
+    /// socket taken off the other runtime's reactor and registered with this one's), or `None`
+    /// when it could not be moved (it is closed). Without a reactor behind it (an in-memory
+    /// pipe), it is the same connection.
+    fn rehome(&self, conn: Self::Conn) -> Option<Self::Conn> {
+        drop(conn);
+        None
+    }
 }
 
 /// Whether a read on `conn` would wait: no data, no EOF, no error. For any stream: one poll with
@@ -74,6 +89,18 @@ impl Dial for Tcp {
         let mut byte = [MaybeUninit::<u8>::uninit(); 1];
         let peek = conn.try_io(Interest::READABLE, || SockRef::from(&*conn).peek(&mut byte));
         matches!(peek, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    fn movable(&self, _: &TcpStream) -> bool {
+        true
+    }
+
+    /// Two `epoll_ctl` calls, where a new connection would cost a handshake with the upstream.
+    fn rehome(&self, conn: TcpStream) -> Option<TcpStream> {
+        let moved = conn.into_std().and_then(TcpStream::from_std);
+        moved
+            .inspect_err(|e| tracing::debug!(error = %e, "an idle connection could not move"))
+            .ok()
     }
 }
 
@@ -127,6 +154,63 @@ mod tests {
         server.write_all(&[0, 2]).await.unwrap();
         conn.readable().await.unwrap();
         assert!(!Tcp.usable(&mut conn), "bytes nobody asked for");
+    }
+
+    /// A runtime of its own, as each of the agent's UDP workers has.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A server that echoes what it reads, on a thread of its own, and its address.
+    fn echo_server() -> SocketAddr {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 512];
+            while let Ok(n @ 1..) = conn.read(&mut buf) {
+                conn.write_all(&buf[..n]).unwrap();
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn tcp_moves_to_another_runtime_and_its_replies_are_seen_there() {
+        let (home, other) = (runtime(), runtime());
+        let addr = echo_server();
+        let conn = home.block_on(Tcp.dial(addr)).unwrap();
+        assert!(Tcp.movable(&conn));
+        // The other runtime's reactor watches it now: the reply is seen while the runtime that
+        // opened it does not run at all.
+        let echoed = other.block_on(async {
+            let mut conn = Tcp.rehome(conn).expect("moved");
+            assert!(conn.nodelay().unwrap(), "the socket's options stay");
+            conn.write_all(&[0, 2, 1, 2]).await.unwrap();
+            let mut reply = [0u8; 4];
+            conn.read_exact(&mut reply).await.unwrap();
+            reply
+        });
+        assert_eq!(echoed, [0, 2, 1, 2]);
+    }
+
+    #[test]
+    fn tcp_from_a_runtime_that_ended_moves_or_is_closed_without_a_panic() {
+        let (home, other) = (runtime(), runtime());
+        let addr = echo_server();
+        let conn = home.block_on(Tcp.dial(addr)).unwrap();
+        drop(home);
+        other.block_on(async {
+            if let Some(mut conn) = Tcp.rehome(conn) {
+                conn.write_all(&[0, 2, 1, 2]).await.unwrap();
+                let mut reply = [0u8; 4];
+                conn.read_exact(&mut reply).await.unwrap();
+            }
+        });
     }
 
     #[tokio::test]

@@ -312,7 +312,7 @@ impl<D: Dial> Group<D> {
             self.exchange(target, query, start, &marks[slot], pick, why)
         };
         // The first exchange lives in this future (no allocation on the common path).
-        let first = pin!(Some(new(order[0], 0, Pick::Newest, Why::First)));
+        let first = pin!(Some(new(order.get(0), 0, Pick::Newest, Why::First)));
         let mut race = Race::new(self, &order, start, &marks, first, new);
         let timer = pin!(sleep_until(race.deadline));
         let outcome = race.run(timer).await;
@@ -325,10 +325,12 @@ impl<D: Dial> Group<D> {
     /// Where a hedge of an exchange with `from` goes: the next address of the query's order
     /// that is not silent as a whole (`from` itself, on another connection, when it is the only
     /// one left).
-    fn hedge_target(&self, order: &[usize], from: usize) -> Option<usize> {
-        let at = order.iter().position(|&i| i == from).unwrap_or(0);
+    fn hedge_target(&self, order: &Order, from: usize) -> Option<usize> {
+        let at = (0..order.len())
+            .position(|k| order.get(k) == from)
+            .unwrap_or(0);
         (1..=order.len())
-            .map(|step| order[(at + step) % order.len()])
+            .map(|step| order.get((at + step) % order.len()))
             .find(|&i| !self.targets[i].health.is_silent())
     }
 
@@ -347,28 +349,34 @@ impl<D: Dial> Group<D> {
     /// is broken (CoreDNS does the same, and counts it in
     /// `coredns_forward_healthcheck_broken_total`), unless `failfast_all_unhealthy` says to
     /// fail at once.
-    fn order(&self) -> Result<Vec<usize>, Error> {
-        let mut order: Vec<usize> = (0..self.targets.len())
-            .filter(|&i| !self.targets[i].health.is_down())
-            .collect();
+    fn order(&self) -> Result<Order, Error> {
+        let mut order = Order::default();
+        for i in (0..self.targets.len()).filter(|&i| !self.targets[i].health.is_down()) {
+            order.push(i);
+        }
         if order.is_empty() {
             self.metrics.healthcheck_broken.inc();
             if self.config.failfast_all_unhealthy {
                 return Err(Error::AllDown);
             }
-            order.extend(0..self.targets.len());
+            for i in 0..self.targets.len() {
+                order.push(i);
+            }
         }
+        let len = order.len();
+        let order_of = order.slice_mut();
         match self.config.selection {
-            Selection::Random => order.shuffle(&mut rand::rng()),
+            Selection::Random => order_of.shuffle(&mut rand::rng()),
             Selection::RoundRobin => {
-                let first = self.robin.fetch_add(1, Ordering::Relaxed) % order.len();
-                order.rotate_left(first);
+                let first = self.robin.fetch_add(1, Ordering::Relaxed) % len;
+                order_of.rotate_left(first);
             }
             Selection::Sequential => {}
         }
-        if order.iter().any(|&i| self.targets[i].health.is_silent()) {
+        let silent = |i: &u8| self.targets[usize::from(*i)].health.is_silent();
+        if order_of.iter().any(silent) {
             // Stable: the policy's order holds among the silent and among the others.
-            order.sort_by_key(|&i| self.targets[i].health.is_silent());
+            order_of.sort_by_key(silent);
         }
         Ok(order)
     }
@@ -397,26 +405,19 @@ impl<D: Dial> Group<D> {
                 m.hedges.inc();
             }
         }
-        let begun = Instant::now();
+        // The first exchange begins with its query.
+        let begun = match why {
+            Why::First => start,
+            Why::Retry | Why::Hedge => Instant::now(),
+        };
         let result = match self.config.transport {
+            // Boxed: the common path (TCP) does not carry the UDP exchange's state.
             Transport::PreferUdp if !target.tls => {
-                m.udp_misses.inc();
-                let active = Instant::now();
-                // A datagram's silence says nothing about the path: a UDP hedge is never
-                // followed by another.
-                mark.set(active - start, true);
-                match udp::exchange(target.addr, query, Check::Answer(query)).await {
-                    Ok(reply) if msg::truncated(&reply) => {
-                        // The answer does not fit a datagram: ask again over TCP, same address.
-                        m.requests.inc();
-                        m.retries.inc();
-                        tcp(target, query, start, mark, Pick::Newest).await
-                    }
-                    Ok(reply) => Ok((reply, active)),
-                    Err(fault) => Err(fault),
-                }
+                Box::pin(udp_first(target, query, start, mark)).await
             }
-            Transport::Tcp | Transport::PreferUdp => tcp(target, query, start, mark, pick).await,
+            Transport::Tcp | Transport::PreferUdp => {
+                tcp(target, query, start, begun, mark, pick).await
+            }
         };
         match result {
             Ok((reply, active)) => {
@@ -453,11 +454,42 @@ impl<D: Dial> Group<D> {
     }
 }
 
+/// The addresses one query tries, in order: indices into the group's targets, in place (a
+/// group has [`crate::MAX_ADDRS`] at most), so that choosing them allocates nothing.
+#[derive(Debug, Clone, Copy, Default)]
+struct Order {
+    at: [u8; crate::MAX_ADDRS],
+    len: u8,
+}
+
+impl Order {
+    fn push(&mut self, index: usize) {
+        self.at[usize::from(self.len)] = index as u8;
+        self.len += 1;
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn get(&self, k: usize) -> usize {
+        usize::from(self.at[k])
+    }
+
+    fn slice_mut(&mut self) -> &mut [u8] {
+        &mut self.at[..usize::from(self.len)]
+    }
+}
+
 /// The exchanges of one query in flight, and what decides the next one ([`Group::query`]).
 /// Polled by the query's own task; `F` is the exchange future, `N` makes one.
 struct Race<'a, D: Dial, F, N> {
     group: &'a Group<D>,
-    order: &'a [usize],
+    order: &'a Order,
     start: Instant,
     deadline: Instant,
     marks: &'a [Mark; PARALLEL],
@@ -488,7 +520,7 @@ where
 {
     fn new(
         group: &'a Group<D>,
-        order: &'a [usize],
+        order: &'a Order,
         start: Instant,
         marks: &'a [Mark; PARALLEL],
         first: Pin<&'a mut Option<F>>,
@@ -497,7 +529,7 @@ where
         let mut flights = [Flight::default(); PARALLEL];
         flights[0] = Flight {
             live: true,
-            target: order[0],
+            target: order.get(0),
             silent: false,
             hedge: false,
         };
@@ -614,7 +646,7 @@ where
         };
         self.owed -= 1;
         self.failures_left -= 1;
-        let target = self.order[self.next % self.order.len()];
+        let target = self.order.get(self.next % self.order.len());
         self.next += 1;
         self.launch(slot, target, Pick::Newest, Why::Retry);
         true
@@ -774,17 +806,45 @@ impl<D: Dial> Drop for Group<D> {
     }
 }
 
+/// One exchange over UDP (`prefer_udp`), asked again over TCP when the reply is truncated.
+/// Returns the reply and when the exchange started.
+async fn udp_first<D: Dial>(
+    target: &Target<D>,
+    query: &[u8],
+    start: Instant,
+    mark: &Mark,
+) -> Result<(Vec<u8>, Instant), Fault> {
+    let m = &target.metrics;
+    m.udp_misses.inc();
+    let active = Instant::now();
+    // A datagram's silence says nothing about the path: a UDP hedge is never followed by
+    // another.
+    mark.set(active - start, true);
+    match udp::exchange(target.addr, query, Check::Answer(query)).await {
+        Ok(reply) if msg::truncated(&reply) => {
+            // The answer does not fit a datagram: ask again over TCP, same address.
+            m.requests.inc();
+            m.retries.inc();
+            tcp(target, query, start, Instant::now(), mark, Pick::Newest).await
+        }
+        Ok(reply) => Ok((reply, active)),
+        Err(fault) => Err(fault),
+    }
+}
+
 /// One exchange over a pooled TCP (or TLS) connection. Returns the reply and when the exchange
 /// got its connection slot (the start of its round trip, for the estimator).
 async fn tcp<D: Dial>(
     target: &Target<D>,
     query: &[u8],
     start: Instant,
+    begun: Instant,
     mark: &Mark,
     pick: Pick,
 ) -> Result<(Vec<u8>, Instant), Fault> {
-    let slot = target.pool.slot().await.ok_or(Fault::Refused)?;
-    let active = Instant::now();
+    let (slot, waited) = target.pool.slot().await.ok_or(Fault::Refused)?;
+    // The round trip starts with the slot; one taken at once was taken when the exchange began.
+    let active = if waited { Instant::now() } else { begun };
     mark.set(active - start, false);
     let mut lease = target.pool.lease(slot, pick).await?;
     // Alive: it answered since the query began, or its handshake just completed.
@@ -862,7 +922,7 @@ mod tests {
     use crate::health::SILENT;
     use crate::rtt::{INITIAL_HEDGE, MIN_HEDGE};
     use crate::scripted::{
-        Dnat, Memory, Mode, SERVER_IDLE, Upstream, query, read_reply, refusing_addr,
+        Dnat, Memory, Mode, SERVER_IDLE, Unmovable, Upstream, query, read_reply, refusing_addr,
     };
 
     /// A ClusterIP: what the tests with [`Dnat`] forward to.
@@ -924,9 +984,9 @@ mod tests {
         assert_eq!((m.retries.get(), m.hedges.get()), (0, 0));
     }
 
-    /// Runs `ask` for each name on a runtime of its own (a current-thread one, as the agent's UDP
-    /// workers have), one runtime after the other.
-    fn ask_on_own_runtime(g: &Arc<Group<Memory>>, name: &str) -> Result<Option<Ipv4Addr>, Error> {
+    /// Runs `ask` on a runtime of its own (a current-thread one, as the agent's UDP workers
+    /// have), which ends with it.
+    fn ask_on_own_runtime<D: Dial>(g: &Group<D>, name: &str) -> Result<Option<Ipv4Addr>, Error> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -935,46 +995,90 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn a_connection_is_reused_only_on_the_runtime_that_opened_it() {
+    async fn an_idle_connection_moves_to_the_runtime_that_needs_one() {
         let up = Upstream::start(Mode::Answer, 1).await;
         let g = Arc::new(group(config(&[up.addr])));
+        assert_eq!(ask(&g, "a.example.").await, Ok(tag(1)));
+        for i in 0..3 {
+            let theirs = g.clone();
+            let name = format!("r{i}.example.");
+            let answer = tokio::task::spawn_blocking(move || ask_on_own_runtime(&*theirs, &name))
+                .await
+                .expect("no panic");
+            assert_eq!(answer, Ok(tag(1)));
+        }
+        assert_eq!(ask(&g, "b.example.").await, Ok(tag(1)));
+        // One connection, moved to each runtime that asked, and back.
+        assert_eq!(up.stats().accepted.load(SeqCst), 1);
+        let m = &g.target(up.addr).metrics;
+        assert_eq!(
+            (m.connects.get(), m.tcp_hits.get(), m.moves.get()),
+            (1, 4, 4)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn each_runtime_reuses_its_own_idle_connection_first() {
+        let up = Upstream::start(Mode::Hold, 1).await;
+        let g = Arc::new(group(Config {
+            timeout: Duration::from_secs(30),
+            ..config(&[up.addr])
+        }));
         let other = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
-        assert_eq!(ask(&g, "a.example.").await, Ok(tag(1)));
-        // The other runtime's reactor does not watch the first connection: it opens its own.
-        let theirs = g.clone();
+        // A query on each runtime at once: two connections, one opened by each.
+        let (theirs, mine) = (g.clone(), g.clone());
         let on_other = tokio::task::spawn_blocking(move || {
-            other.block_on(async {
-                assert_eq!(ask(&theirs, "b.example.").await, Ok(tag(1)));
-                assert_eq!(ask(&theirs, "c.example.").await, Ok(tag(1)));
-            });
+            let answer = other.block_on(ask(&theirs, "o1.example."));
+            (other, answer)
+        });
+        let here = tokio::spawn(async move { ask(&mine, "h1.example.").await });
+        up.until("two held queries", |s| s.tcp_queries.load(SeqCst) == 2)
+            .await;
+        up.set_mode(Mode::Answer);
+        up.release(2);
+        assert_eq!(here.await.expect("no panic"), Ok(tag(1)));
+        let (other, answer) = on_other.await.expect("no panic");
+        assert_eq!(answer, Ok(tag(1)));
+        let theirs = g.clone();
+        let other = tokio::task::spawn_blocking(move || {
+            assert_eq!(other.block_on(ask(&theirs, "o2.example.")), Ok(tag(1)));
             other
         })
         .await
         .expect("no panic");
-        assert_eq!(ask(&g, "d.example.").await, Ok(tag(1)));
-        assert_eq!(up.stats().accepted.load(SeqCst), 2, "one per runtime");
+        assert_eq!(ask(&g, "h2.example.").await, Ok(tag(1)));
         let m = &g.target(up.addr).metrics;
-        assert_eq!((m.connects.get(), m.tcp_hits.get()), (2, 2));
-        assert_eq!(g.target(up.addr).pool.idle_count(), 2);
-        tokio::task::spawn_blocking(move || drop(on_other))
+        assert_eq!(
+            (m.connects.get(), m.tcp_hits.get(), m.moves.get()),
+            (2, 2, 0)
+        );
+        tokio::task::spawn_blocking(move || drop(other))
             .await
             .expect("no panic");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn runtimes_share_the_cap_an_idle_connection_of_another_makes_room() {
+    async fn connections_that_cannot_move_stay_and_the_oldest_idle_one_makes_room() {
         let up = Upstream::start(Mode::Answer, 1).await;
-        let g = Arc::new(group(Config {
-            max_connections: 2,
-            ..config(&[up.addr])
-        }));
+        let metrics = Metrics::register(&mut Registry::default());
+        let g = Arc::new(
+            Group::with_dialer(
+                Config {
+                    max_connections: 2,
+                    ..config(&[up.addr])
+                },
+                &metrics,
+                Unmovable,
+            )
+            .expect("valid config"),
+        );
         for i in 0..4 {
             let theirs = g.clone();
             let name = format!("r{i}.example.");
-            let answer = tokio::task::spawn_blocking(move || ask_on_own_runtime(&theirs, &name))
+            let answer = tokio::task::spawn_blocking(move || ask_on_own_runtime(&*theirs, &name))
                 .await
                 .expect("no panic");
             assert_eq!(answer, Ok(tag(1)));
@@ -983,6 +1087,7 @@ mod tests {
         }
         // Four runtimes, a connection each; the third and fourth dial closed the oldest idle one.
         assert_eq!(up.stats().accepted.load(SeqCst), 4);
+        assert_eq!(g.target(up.addr).metrics.moves.get(), 0);
         up.until("two closed by the client", |s| {
             s.client_closed.load(SeqCst) == 2 && s.open.load(SeqCst) == 2
         })

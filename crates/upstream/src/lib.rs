@@ -26,10 +26,12 @@
 //!   (`max_concurrent`), readiness probes.
 //! - `pool`: per address, the TCP connections (LIFO idle stack, a slot semaphore capping them at
 //!   `max_connections`, the idle reaper) and the one-query-at-a-time exchange on a connection.
-//!   A connection is reused only on the runtime that opened it (its reactor watches the socket).
+//!   A connection is used only on the runtime whose reactor watches its socket; an idle one
+//!   another runtime needs moves there.
 //! - [`Dial`]: how a pool opens a connection (any byte stream; [`Net`] in production, plain
 //!   [`Tcp`] with TLS on top for `tls://` addresses; an in-memory pipe under it in the tests, so
-//!   that deadlines, expiry and health checks run on tokio's paused clock).
+//!   that deadlines, expiry and health checks run on tokio's paused clock), and moves an idle
+//!   one to another runtime.
 //! - [`tls`]: what a TLS upstream's certificate must satisfy, loaded and checked once per
 //!   configuration ([`tls::Settings`]); verification fails closed.
 //! - `udp`: one exchange over a fresh connected UDP socket.

@@ -88,6 +88,7 @@ pub struct Metrics {
     retries: Family<To, Counter>,
     hedges: Family<To, Counter>,
     connects: Family<To, Counter>,
+    moves: Family<To, Counter>,
     tls_handshakes: Family<ToResult, Counter>,
 }
 
@@ -110,6 +111,7 @@ impl Metrics {
             retries: Family::default(),
             hedges: Family::default(),
             connects: Family::default(),
+            moves: Family::default(),
             tls_handshakes: Family::default(),
         };
         registry.register(
@@ -183,6 +185,11 @@ impl Metrics {
             m.connects.clone(),
         );
         registry.register(
+            "nodedns_upstream_connection_moves",
+            "Idle TCP connections moved from one UDP worker's runtime to another's, which needed one while it had none idle (instead of opening another)",
+            m.moves.clone(),
+        );
+        registry.register(
             "nodedns_upstream_tls_handshakes",
             "TLS handshakes with a tls:// upstream (pooled connections and health checks), by result: full, resumed (an earlier session), failed (certificate refused, not TLS, or unfinished by the deadline)",
             m.tls_handshakes.clone(),
@@ -232,6 +239,7 @@ impl Metrics {
             retries: self.retries.get_or_create_owned(&plain),
             hedges: self.hedges.get_or_create_owned(&plain),
             connects: self.connects.get_or_create_owned(&plain),
+            moves: self.moves.get_or_create_owned(&plain),
             by_rcode: Default::default(),
             request_duration: self.request_duration.clone(),
             responses: self.responses.clone(),
@@ -254,6 +262,7 @@ pub(crate) struct Target {
     pub(crate) retries: Counter,
     pub(crate) hedges: Counter,
     pub(crate) connects: Counter,
+    pub(crate) moves: Counter,
     /// Duration histogram and response counter per header RCODE (4 bits), created on first use
     /// so an address shows only the RCODEs it actually returned.
     by_rcode: [OnceLock<(Histogram, Counter)>; 16],

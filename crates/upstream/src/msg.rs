@@ -38,13 +38,19 @@ impl Check<'_> {
 /// one segment (`TCP_NODELAY` is set). `msg` must be [`forwardable`].
 pub(crate) fn framed(msg: &[u8], id: u16) -> Vec<u8> {
     let mut out = Vec::with_capacity(msg.len() + 2);
+    frame_into(&mut out, msg, id);
+    out
+}
+
+/// [`framed`] into `out` (cleared first), whose room a connection keeps between its exchanges.
+pub(crate) fn frame_into(out: &mut Vec<u8>, msg: &[u8], id: u16) {
+    out.clear();
     // `forwardable` bounds the length to u16.
     out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
     out.extend_from_slice(msg);
     if let Some(msg) = out.get_mut(2..) {
         nodedns_wire::set_id(msg, id);
     }
-    out
 }
 
 /// The header's RCODE of a reply this crate accepted (it has a header).

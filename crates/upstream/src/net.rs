@@ -100,6 +100,22 @@ impl<D: Dial> Dial for Net<D> {
             Stream::Tls(stream) => dial::nothing_to_read(stream),
         }
     }
+
+    /// A TLS session's stream cannot be taken apart and put together again: a TLS connection
+    /// stays on the runtime that opened it.
+    fn movable(&self, conn: &Stream<D::Conn>) -> bool {
+        match conn {
+            Stream::Plain(stream) => self.inner.movable(stream),
+            Stream::Tls(_) => false,
+        }
+    }
+
+    fn rehome(&self, conn: Stream<D::Conn>) -> Option<Stream<D::Conn>> {
+        match conn {
+            Stream::Plain(stream) => self.inner.rehome(stream).map(Stream::Plain),
+            Stream::Tls(_) => None,
+        }
+    }
 }
 
 impl fmt::Debug for Tls {

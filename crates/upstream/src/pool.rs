@@ -6,9 +6,12 @@
 //!   takes a slot first (waiting when all are busy), then reuses an idle connection or dials
 //!   one. Idle connections hold no slot; a dial that would take the open connections past the
 //!   cap first closes the oldest idle one, so open connections never exceed it.
-//! - reuses a connection only on the runtime that opened it: its socket is registered with
-//!   that runtime's reactor, which alone learns that a reply arrived. The agent serves each UDP
-//!   socket on a runtime of its own, whose misses then never wait on another thread.
+//! - uses a connection only on the runtime whose reactor watches its socket (that reactor alone
+//!   learns that a reply arrived): a query takes the newest idle connection of its own runtime,
+//!   else another runtime's, whose socket then moves to this runtime's reactor (two
+//!   `epoll_ctl` calls, not a new connection; a TLS connection cannot move and is closed). The
+//!   agent serves each UDP socket on a runtime of its own, whose misses never wait on another
+//!   thread, and its runtimes share one cap and one set of connections.
 //! - waits without timers of its own: the caller bounds every wait (slot, dial, reply) by
 //!   dropping the future, which closes whatever connection it held. One query then costs one
 //!   timer, the group's, however many steps it has.
@@ -103,6 +106,8 @@ pub(crate) struct Conn<S> {
     /// Bytes read and not yet taken as a reply. Empty whenever the connection is idle: bytes
     /// left after a reply make it unusable.
     frames: frame::Buffer,
+    /// The framed query being written, its room kept for the next exchange.
+    out: Vec<u8>,
     /// Keeps `nodedns_upstream_connections` up while the connection is open.
     _open: Held,
 }
@@ -153,10 +158,14 @@ impl<D: Dial> Pool<D> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits for a free slot (one connection in use), as long as the caller lets it. `None`
-    /// only if the semaphore were closed, which this pool never does.
-    pub(crate) async fn slot(&self) -> Option<SemaphorePermit<'_>> {
-        self.slots.acquire().await.ok()
+    /// Waits for a free slot (one connection in use), as long as the caller lets it; says
+    /// whether it had to wait. `None` only if the semaphore were closed, which this pool never
+    /// does.
+    pub(crate) async fn slot(&self) -> Option<(SemaphorePermit<'_>, bool)> {
+        if let Ok(slot) = self.slots.try_acquire() {
+            return Some((slot, false));
+        }
+        self.slots.acquire().await.ok().map(|slot| (slot, true))
     }
 
     /// With a slot, an idle connection of this runtime as `pick` says, or a new one.
@@ -184,27 +193,52 @@ impl<D: Dial> Pool<D> {
         })
     }
 
-    /// Takes the newest idle connection of runtime `home` until one is neither expired nor
-    /// closed by the peer, and is one `pick` accepts; returns it with the time of its last
-    /// reply. The stack is in the order the connections answered, so when the newest did not
-    /// answer after the moment asked for, none did.
+    /// Takes idle connections until one is neither expired nor closed by the peer, and is one
+    /// `pick` accepts: the newest of runtime `home`, else the newest of another runtime that can
+    /// move, moved to `home` ([`Dial::rehome`]). Returns it with the time of its last reply. The stack is
+    /// in the order the connections answered, so when the newest did not answer after the
+    /// moment asked for, none did.
     fn take_idle(&self, pick: Pick, home: Id) -> Option<(Conn<D::Conn>, Instant)> {
         let now = Instant::now();
         loop {
             let mut idle = {
                 let mut stack = self.idle();
-                let at = stack.iter().rposition(|i| i.conn.home == home)?;
-                if let Pick::AnsweredAfter(t) = pick {
-                    if stack[at].since <= t {
-                        return None;
-                    }
-                }
+                let own = stack.iter().rposition(|i| i.conn.home == home);
+                let other = stack
+                    .iter()
+                    .rposition(|i| i.conn.home != home && self.dial.movable(&i.conn.stream));
+                let fits = |at: &usize| match pick {
+                    Pick::Newest => true,
+                    Pick::AnsweredAfter(t) => stack[*at].since > t,
+                };
+                let at = own.filter(fits).or(other.filter(fits))?;
                 stack.remove(at)
             };
-            if now < idle.since + self.expire && self.dial.usable(&mut idle.conn.stream) {
-                return Some((idle.conn, idle.since));
+            if now >= idle.since + self.expire || !self.dial.usable(&mut idle.conn.stream) {
+                // Dropped here, outside the lock: closed.
+                continue;
             }
-            // Dropped here, outside the lock: closed.
+            if idle.conn.home != home {
+                let Conn {
+                    stream,
+                    frames,
+                    out,
+                    _open,
+                    ..
+                } = idle.conn;
+                let Some(stream) = self.dial.rehome(stream) else {
+                    continue;
+                };
+                self.metrics.moves.inc();
+                idle.conn = Conn {
+                    stream,
+                    home,
+                    frames,
+                    out,
+                    _open,
+                };
+            }
+            return Some((idle.conn, idle.since));
         }
     }
 
@@ -234,6 +268,7 @@ impl<D: Dial> Pool<D> {
             stream,
             home: Handle::current().id(),
             frames: frame::Buffer::new(BUFFER),
+            out: Vec::new(),
             _open: Held::new(&self.metrics.connections),
         })
     }
@@ -340,12 +375,12 @@ impl<D: Dial> Lease<'_, D> {
     pub(crate) async fn exchange(&mut self, query: &[u8]) -> Result<Vec<u8>, Fault> {
         loop {
             let id = rand::random();
-            let framed = crate::msg::framed(query, id);
             let conn = &mut self.conn;
+            crate::msg::frame_into(&mut conn.out, query, id);
             match exchange(
                 &mut conn.stream,
                 &mut conn.frames,
-                &framed,
+                &conn.out,
                 Check::Answer(query),
                 id,
             )

@@ -160,6 +160,27 @@ impl Dial for Memory {
     async fn dial(&self, addr: SocketAddr) -> io::Result<DuplexStream> {
         dial_memory(addr).await
     }
+
+    fn movable(&self, _: &DuplexStream) -> bool {
+        true
+    }
+
+    fn rehome(&self, conn: DuplexStream) -> Option<DuplexStream> {
+        Some(conn)
+    }
+}
+
+/// [`Memory`]'s connections, as if each stayed on the runtime that opened it (as a TLS one
+/// does).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Unmovable;
+
+impl Dial for Unmovable {
+    type Conn = DuplexStream;
+
+    async fn dial(&self, addr: SocketAddr) -> io::Result<DuplexStream> {
+        dial_memory(addr).await
+    }
 }
 
 async fn dial_memory(addr: SocketAddr) -> io::Result<DuplexStream> {
@@ -250,6 +271,14 @@ impl Dial for Dnat {
             endpoint
         };
         dial_memory(endpoint).await
+    }
+
+    fn movable(&self, _: &DuplexStream) -> bool {
+        true
+    }
+
+    fn rehome(&self, conn: DuplexStream) -> Option<DuplexStream> {
+        Some(conn)
     }
 }
 
