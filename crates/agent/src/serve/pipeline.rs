@@ -579,7 +579,7 @@ pub const MAX_PENDING: usize = 4096;
 /// then the waiter gets SERVFAIL now (counted as a SERVFAIL answer).
 pub fn spawn(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, miss: Miss, waiter: Waiter) {
     let Some(in_flight) = shared.track(MAX_PENDING) else {
-        answer_waiter(shared, &miss.zone, waiter, &Outcome::Failed);
+        answer_waiter(shared, &miss.zone, waiter, &Outcome::Failed, Instant::now());
         return;
     };
     runtime.spawn(resolve(shared.clone(), miss, waiter, in_flight));
@@ -654,17 +654,19 @@ async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: In
     // A probe of the loop check is answered but never stored: a cached answer (a SERVFAIL from
     // the looping upstream, say) would hide its next arrival from the check.
     let probe = shared.loops.armed() && shared.loops.arrived(key, waiter.client.addr);
+    // When the miss was read: the look-up below needs no clock read of its own.
+    let read = waiter.started;
     match zone.flights.join(key.as_bytes(), waiter) {
         Joined::Leader => {}
         Joined::Follower => return,
         Joined::Full(waiter) => {
             shared.metrics.counters().flight_full();
-            answer_waiter(&shared, zone, waiter, &Outcome::Failed);
+            answer_waiter(&shared, zone, waiter, &Outcome::Failed, Instant::now());
             return;
         }
     }
     let leading = Leading::new(&shared, zone, key);
-    let outcome = match stored_meanwhile(zone, key) {
+    let outcome = match stored_meanwhile(zone, key, read) {
         Some(outcome) => outcome,
         None => match zone.cache.as_ref().and_then(|c| c.verify_timeout()) {
             Some(timeout) => {
@@ -716,8 +718,8 @@ impl Drop for Leading<'_> {
 /// The fresh entry a fetch stored between this miss's cache look-up and its join, if one did:
 /// an answer from the cache, not another upstream query. (A pod asks its next search-list step
 /// just as the cascade prefetch's fetch of it ends, so this is no rare race there.)
-fn stored_meanwhile(zone: &Zone, key: &Key) -> Option<Outcome> {
-    match zone.cache.as_ref()?.lookup(key.as_bytes(), Instant::now()) {
+fn stored_meanwhile(zone: &Zone, key: &Key, now: Instant) -> Option<Outcome> {
+    match zone.cache.as_ref()?.lookup(key.as_bytes(), now) {
         Lookup::Fresh { entry, ttl, .. } => {
             let source = Source::Hit(entry.class());
             Some(Outcome::Entry(entry, ttl, source))
@@ -742,14 +744,15 @@ async fn fetch_or_stale_after(
         outcome = &mut fetching => return outcome,
         () = tokio::time::sleep(timeout) => {}
     }
+    let now = Instant::now();
     let stale = zone
         .cache
         .as_ref()
-        .map(|cache| cache.lookup(key.as_bytes(), Instant::now()));
+        .map(|cache| cache.lookup(key.as_bytes(), now));
     if let Some(Lookup::Stale { entry, ttl }) = stale {
         let outcome = Outcome::Entry(entry, ttl, Source::StaleAfterMiss);
         for waiter in zone.flights.take(key.as_bytes()) {
-            answer_waiter(shared, zone, waiter, &outcome);
+            answer_waiter(shared, zone, waiter, &outcome, now);
         }
     }
     fetching.await
@@ -764,8 +767,10 @@ pub(super) fn complete(
 ) -> usize {
     let waiters = zone.flights.complete(key.as_bytes());
     let joined = waiters.len();
+    // One clock read for all of them.
+    let now = Instant::now();
     for waiter in waiters {
-        answer_waiter(shared, zone, waiter, outcome);
+        answer_waiter(shared, zone, waiter, outcome, now);
     }
     joined
 }
@@ -909,7 +914,13 @@ fn outcome(updated: Updated) -> Outcome {
 }
 
 /// Answers one client that waited for `zone`'s fetch.
-fn answer_waiter(shared: &Arc<Shared>, zone: &Arc<Zone>, mut waiter: Waiter, outcome: &Outcome) {
+fn answer_waiter(
+    shared: &Arc<Shared>,
+    zone: &Arc<Zone>,
+    mut waiter: Waiter,
+    outcome: &Outcome,
+    now: Instant,
+) {
     let bytes = std::mem::take(&mut waiter.query);
     let Ok(query) = Query::parse(&bytes) else {
         return;
@@ -941,7 +952,7 @@ fn answer_waiter(shared: &Arc<Shared>, zone: &Arc<Zone>, mut waiter: Waiter, out
         }
     };
     before_cache(zone, &query, &mut out);
-    let elapsed = waiter.started.elapsed();
+    let elapsed = now.saturating_duration_since(waiter.started);
     let labels = waiter.labels;
     let to = Recorder {
         counters: shared.metrics.shared(labels.series),
