@@ -7,11 +7,15 @@
 use nodedns_agent::{app, cli, logging, top};
 use std::process::ExitCode;
 
+/// jemalloc: why, in the workspace's Cargo.toml.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// EX_USAGE from sysexits.h: the command line or the configuration is wrong.
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    one_malloc_arena();
     let cli = match cli::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(err) => {
@@ -70,26 +74,6 @@ fn run(args: cli::RunArgs) -> ExitCode {
             // The error and its causes, one line.
             tracing::error!("{:#}", anyhow::Error::from(err));
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Makes glibc's allocator keep one arena for every thread, unless `MALLOC_ARENA_MAX` says
-/// otherwise. By default each thread that allocates gets an arena of its own, and the cache's
-/// entries are allocated on whichever thread answers the miss, the UDP workers' or the runtime's:
-/// entries evicted from one arena leave free memory there while new ones grow another, so the
-/// process's peak RSS over a unique-name flood exceeded the cache's byte budget by the sum of
-/// the arenas' high-water marks. With one arena the freed memory is reused (the shared harness:
-/// 34-37 MB became 30 MB over 195k unique names at the defaults). Small allocations still come
-/// from each thread's cache without a lock, and a cache hit allocates nothing.
-#[allow(unsafe_code)]
-fn one_malloc_arena() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: called first in main, before any other thread exists; mallopt only sets a
-        // tunable of the allocator.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 1);
         }
     }
 }
