@@ -28,7 +28,8 @@ pub struct Settings {
     pub host: HostArgs,
     /// `--check-config`: validate, print, change nothing.
     pub check_only: bool,
-    /// UDP workers per listen address, and the async runtime's worker threads.
+    /// UDP workers per listen address (each a thread with a runtime of its own), and the main
+    /// runtime's worker threads (TCP, DoT, DoH, the admin endpoints, background work).
     pub threads: usize,
     /// How long to keep answering after shutdown begins: `--drain`, or the `health` block's
     /// `lameduck` when that is longer.

@@ -2,7 +2,8 @@
 //!
 //! - [`udp`]: one blocking OS thread per listen address and worker, each with its own
 //!   `SO_REUSEPORT` socket, reading and answering in batches (`recvmmsg`/`sendmmsg`). Cache hits
-//!   never leave that thread and never touch the async runtime.
+//!   never leave that thread and await nothing; its misses resolve on the thread's own
+//!   current-thread runtime.
 //! - [`tcp`]: tokio tasks, one per client connection, pipelined; DNS over TLS (`tls://` blocks
 //!   with `tls`) is the same with a TLS handshake in front.
 //! - [`https`]: DNS over HTTPS (RFC 8484) for `https://` blocks, HTTP/2 and HTTP/1.1 (cleartext

@@ -4,7 +4,7 @@
 //! answer (a hit, or a refusal) or say that the query must go upstream. [`spawn`] hands a miss to
 //! the async back (`resolve`): single-flight, the upstream exchange, caching the reply, and
 //! answering every client that waited for it; at most [`MAX_PENDING`] at once. A cache hit never
-//! reaches it and never touches the async runtime.
+//! reaches it and awaits nothing.
 //!
 //! A background refresh ([`refresh`]: a prefetch, or refreshing an entry served stale while the
 //! upstream is down) is an operation of its own, not a client: the entry's one claim
@@ -568,9 +568,10 @@ pub(super) enum Outcome {
     Failed,
 }
 
-/// Misses handed to the async runtime and not answered yet, at most (process-wide). Beyond it a
-/// miss is answered SERVFAIL at once by the listener that read it: a flood of unique names must
-/// find this bound, not grow the runtime's queue of tasks (and the memory) without end. Well
+/// Misses handed to a runtime (a UDP worker's own, or the main one) and not answered yet, at
+/// most (process-wide). Beyond it a miss is answered SERVFAIL at once by the listener that read
+/// it: a flood of unique names must find this bound, not grow the runtimes' queues of tasks (and
+/// the memory) without end. Well
 /// above what the upstreams take at once (`max_concurrent`, 1000 per block by default) plus the
 /// clients waiting on those fetches, so only a flood reaches it.
 pub const MAX_PENDING: usize = 4096;
@@ -582,7 +583,54 @@ pub fn spawn(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, miss: Miss,
         answer_waiter(shared, &miss.zone, waiter, &Outcome::Failed, Instant::now());
         return;
     };
+    spawn_tracked(shared, runtime, miss, waiter, in_flight);
+}
+
+/// [`spawn`] for a miss that already has its place (`in_flight`, from [`Shared::track`]).
+pub fn spawn_tracked(
+    shared: &Arc<Shared>,
+    runtime: &tokio::runtime::Handle,
+    miss: Miss,
+    waiter: Waiter,
+    in_flight: InFlight,
+) {
     runtime.spawn(resolve(shared.clone(), miss, waiter, in_flight));
+}
+
+/// The answer to a miss that finds [`MAX_PENDING`] misses pending (no place from
+/// [`Shared::track`]): SERVFAIL, written into `out` for the listener to send with its batch, as
+/// a hit's answer is, and counted as [`spawn`] counts it. No waiter, no allocation: under a
+/// flood of unique names this is what most datagrams cost, and the cheaper it is, the more
+/// datagrams the listener reads, the other clients' among them. False when `packet` is no
+/// query to answer.
+pub fn refused_for_load(
+    to: &Recorder<'_>,
+    miss: &Miss,
+    packet: &[u8],
+    client: &Client,
+    out: &mut Vec<u8>,
+) -> bool {
+    let Ok(query) = Query::parse(packet) else {
+        return false;
+    };
+    nodedns_wire::write_error(&query, rcode::SERVFAIL.into(), out);
+    before_cache(&miss.zone, &query, out);
+    let answered = Answered {
+        client,
+        query: &query,
+        qname: miss.key.qname(),
+        source: Source::ServFail,
+        response: out,
+        elapsed: Duration::ZERO,
+    };
+    record(
+        to,
+        miss.labels,
+        &miss.zone.taps,
+        &miss.zone.server.log,
+        answered,
+    );
+    true
 }
 
 /// Starts a background refresh of `refresh`'s key on `runtime`, unless a fetch for the key is

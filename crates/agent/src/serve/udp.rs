@@ -22,8 +22,11 @@
 //!   and on this one: 7 % more CPU per hit, measured on the echo server and on a worker alike.
 //! - **Misses in flight**: the socket is registered and the worker waits on the reactor, so one
 //!   `epoll_wait` covers the next datagrams and the upstream's replies. Batches are read without
-//!   blocking; after a batch that started tasks the worker yields, so that they send their
-//!   queries at once.
+//!   blocking, in turns: a turn reads while datagrams are queued, for as long as the tasks' last
+//!   round took ([`MAX_TURN`] batches at most), then every task that is ready runs once. Under a
+//!   flood, reading and resolving share the thread evenly: the misses read go upstream at once,
+//!   and the hits queued behind them (other clients') are still read. A miss that finds
+//!   [`pipeline::MAX_PENDING`] misses pending is answered SERVFAIL in the batch, as a hit is.
 //!
 //! The worker registers the socket as soon as a batch leaves a task alive, and withdraws it once
 //! none has been alive for [`LINGER`]: a steady mix of hits and misses stays on the reactor, a
@@ -66,6 +69,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// How long the socket stays registered with the reactor after the worker's last task ended:
 /// misses that keep coming (a mix of hits and misses) do not pay for a registration each.
 const LINGER: Duration = Duration::from_millis(20);
+/// Batches a worker reads in one turn at most, before the tasks it started run.
+const MAX_TURN: usize = 16;
 /// How long a stopped worker keeps running its runtime for the misses still in flight (the
 /// upstream's deadline ends each well before).
 const DRAIN: Duration = Duration::from_secs(5);
@@ -166,6 +171,8 @@ async fn serve(shared: &Arc<Shared>, socket: &Arc<UdpSocket>, local: SocketAddr,
     let mut registered: Option<AsyncFd<Arc<UdpSocket>>> = None;
     // When the last task ended, while registered.
     let mut idle_since: Option<Instant> = None;
+    // How long the tasks' last round took: the reading's share of the next turn.
+    let mut share = Duration::ZERO;
     while !stop.requested(shared) {
         let Some(fd) = &registered else {
             match worker.serve_batch(shared, &to, socket, local, &runtime, Wait::Block) {
@@ -205,16 +212,28 @@ async fn serve(shared: &Arc<Shared>, socket: &Arc<UdpSocket>, local: SocketAddr,
                 }
             },
         };
-        let asked = worker.want;
+        let turn_began = Instant::now();
+        // The worker's turn: batches while datagrams are queued, for as long as the tasks' last
+        // round took (at most MAX_TURN batches), so that under overload reading and resolving
+        // share the thread as two threads would share a CPU.
         let before = tasks.num_alive_tasks();
-        let drained = match worker.serve_batch(shared, &to, socket, local, &runtime, Wait::No) {
-            Ok(()) => worker.received.len() < asked,
-            Err(Errno::EAGAIN) => true,
-            Err(Errno::EINTR) => false,
-            Err(err) => {
-                counters.recv_failed();
-                tracing::warn!(%local, %err, "UDP receive failed");
-                true
+        let mut batches = 0;
+        let drained = loop {
+            let asked = worker.want;
+            let drained = match worker.serve_batch(shared, &to, socket, local, &runtime, Wait::No) {
+                Ok(()) => worker.received.len() < asked,
+                Err(Errno::EAGAIN) => true,
+                Err(Errno::EINTR) => false,
+                Err(err) => {
+                    counters.recv_failed();
+                    tracing::warn!(%local, %err, "UDP receive failed");
+                    true
+                }
+            };
+            batches += 1;
+            let turn = worker.now.saturating_duration_since(turn_began);
+            if drained || batches >= MAX_TURN || turn >= share {
+                break drained;
             }
         };
         if drained {
@@ -224,7 +243,9 @@ async fn serve(shared: &Arc<Shared>, socket: &Arc<UdpSocket>, local: SocketAddr,
             drop(guard);
         }
         if !drained || tasks.num_alive_tasks() > before {
+            let began = worker.now;
             round().await;
+            share = began.elapsed();
         }
         if tasks.num_alive_tasks() > 0 {
             idle_since = None;
@@ -517,10 +538,17 @@ impl Worker {
                     self.answers.push(slot);
                     pipeline::refresh(shared, runtime, refresh);
                 }
-                Front::Miss(mut miss) => {
-                    let waiter = miss.waiter(packet, ReplyTo::Udp(socket.clone()), client, now);
-                    pipeline::spawn(shared, runtime, miss, waiter);
-                }
+                Front::Miss(mut miss) => match shared.track(pipeline::MAX_PENDING) {
+                    Some(in_flight) => {
+                        let waiter = miss.waiter(packet, ReplyTo::Udp(socket.clone()), client, now);
+                        pipeline::spawn_tracked(shared, runtime, miss, waiter, in_flight);
+                    }
+                    None => {
+                        if pipeline::refused_for_load(to, &miss, packet, &client, out) {
+                            self.answers.push(slot);
+                        }
+                    }
+                },
             }
         }
         self.send_answers(fd, to.counters);
