@@ -41,7 +41,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 /// The `nodedns` binary under test: `$NODEDNS_BIN`, or the one Cargo built next to this test
-/// executable (`target/<profile>/nodedns`; `scripts/test` builds it before running the tests).
+/// executable (`target/<profile>/nodedns`). `scripts/test` builds the release binary and names it
+/// here.
 pub fn nodedns_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("NODEDNS_BIN") {
         return PathBuf::from(bin);
