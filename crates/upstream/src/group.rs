@@ -985,13 +985,21 @@ mod tests {
     }
 
     /// Runs `ask` on a runtime of its own (a current-thread one, as the agent's UDP workers
-    /// have), which ends with it.
-    fn ask_on_own_runtime<D: Dial>(g: &Group<D>, name: &str) -> Result<Option<Ipv4Addr>, Error> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(ask(g, name))
+    /// have), on a blocking thread, and ends the runtime with it.
+    async fn ask_on_own_runtime<D: Dial>(
+        g: &Arc<Group<D>>,
+        name: &str,
+    ) -> Result<Option<Ipv4Addr>, Error> {
+        let (g, name) = (g.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(ask(&g, &name))
+        })
+        .await
+        .expect("no panic")
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -1000,11 +1008,7 @@ mod tests {
         let g = Arc::new(group(config(&[up.addr])));
         assert_eq!(ask(&g, "a.example.").await, Ok(tag(1)));
         for i in 0..3 {
-            let theirs = g.clone();
-            let name = format!("r{i}.example.");
-            let answer = tokio::task::spawn_blocking(move || ask_on_own_runtime(&*theirs, &name))
-                .await
-                .expect("no panic");
+            let answer = ask_on_own_runtime(&g, &format!("r{i}.example.")).await;
             assert_eq!(answer, Ok(tag(1)));
         }
         assert_eq!(ask(&g, "b.example.").await, Ok(tag(1)));
@@ -1076,11 +1080,7 @@ mod tests {
             .expect("valid config"),
         );
         for i in 0..4 {
-            let theirs = g.clone();
-            let name = format!("r{i}.example.");
-            let answer = tokio::task::spawn_blocking(move || ask_on_own_runtime(&*theirs, &name))
-                .await
-                .expect("no panic");
+            let answer = ask_on_own_runtime(&g, &format!("r{i}.example.")).await;
             assert_eq!(answer, Ok(tag(1)));
             let open = g.target(up.addr).metrics.connections.get();
             assert_eq!(open, (i + 1).min(2), "after the query of runtime {i}");

@@ -195,23 +195,29 @@ impl<D: Dial> Pool<D> {
 
     /// Takes idle connections until one is neither expired nor closed by the peer, and is one
     /// `pick` accepts: the newest of runtime `home`, else the newest of another runtime that can
-    /// move, moved to `home` ([`Dial::rehome`]). Returns it with the time of its last reply. The stack is
-    /// in the order the connections answered, so when the newest did not answer after the
-    /// moment asked for, none did.
+    /// move, moved to `home` ([`Dial::rehome`]). Returns it with the time of its last reply. The
+    /// stack is in the order the connections answered, so when the newest did not answer after
+    /// the moment asked for, none did.
     fn take_idle(&self, pick: Pick, home: Id) -> Option<(Conn<D::Conn>, Instant)> {
         let now = Instant::now();
         loop {
             let mut idle = {
                 let mut stack = self.idle();
-                let own = stack.iter().rposition(|i| i.conn.home == home);
-                let other = stack
-                    .iter()
-                    .rposition(|i| i.conn.home != home && self.dial.movable(&i.conn.stream));
                 let fits = |at: &usize| match pick {
                     Pick::Newest => true,
                     Pick::AnsweredAfter(t) => stack[*at].since > t,
                 };
-                let at = own.filter(fits).or(other.filter(fits))?;
+                // Another runtime's connection only when this one has none that fits.
+                let at = stack
+                    .iter()
+                    .rposition(|i| i.conn.home == home)
+                    .filter(fits)
+                    .or_else(|| {
+                        stack
+                            .iter()
+                            .rposition(|i| i.conn.home != home && self.dial.movable(&i.conn.stream))
+                            .filter(fits)
+                    })?;
                 stack.remove(at)
             };
             if now >= idle.since + self.expire || !self.dial.usable(&mut idle.conn.stream) {

@@ -571,9 +571,8 @@ pub(super) enum Outcome {
 /// Misses handed to a runtime (a UDP worker's own, or the main one) and not answered yet, at
 /// most (process-wide). Beyond it a miss is answered SERVFAIL at once by the listener that read
 /// it: a flood of unique names must find this bound, not grow the runtimes' queues of tasks (and
-/// the memory) without end. Well
-/// above what the upstreams take at once (`max_concurrent`, 1000 per block by default) plus the
-/// clients waiting on those fetches, so only a flood reaches it.
+/// the memory) without end. Well above what the upstreams take at once (`max_concurrent`, 1000
+/// per block by default) plus the clients waiting on those fetches, so only a flood reaches it.
 pub const MAX_PENDING: usize = 4096;
 
 /// Hands a miss to `runtime` ([`resolve`]), unless [`MAX_PENDING`] misses are pending already:
