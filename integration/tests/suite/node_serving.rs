@@ -1,11 +1,13 @@
 //! nodedns on a simulated node: pods keep their resolv.conf (the kube-dns ClusterIP) and their
 //! queries are answered by nodedns without touching conntrack, while nodedns reaches CoreDNS
 //! over a handful of TCP connections. Same on an nftables kube-proxy node, in ipvs mode (pods
-//! use the link-local address) and on a dual-stack node (over IPv6).
+//! use the link-local address) and on a dual-stack node (over IPv6). Its IPv4 answers are atomic
+//! datagrams (DF set, ID 0), and one too large for the pod's link still arrives, in fragments.
 
-use std::net::IpAddr;
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
 
-use nodedns_integration::node::{self, LOCAL_IP, Node, NodeOptions, ProxyMode};
+use nodedns_integration::node::{self, KUBE_DNS, LOCAL_IP, Node, NodeOptions, ProxyMode};
 
 /// Names a pod looks up, as short names expanded through the search list (ndots:5): each
 /// lookup is several queries (AAAA and A, NXDOMAIN for the first search suffixes).
@@ -160,4 +162,116 @@ fn dual_stack_node_answers_pods_over_ipv6_without_conntrack() {
             backend,
         );
     }
+}
+
+/// The pod's counters of IPv4 UDP packets that arrive as atomic datagrams (RFC 6864: DF set,
+/// ID 0) and of fragments, taken in prerouting before any reassembly. (The kernel's default
+/// sets DF too, but with an ID from its shared table.)
+const FRAGMENT_COUNTERS: &str = "table ip pod_fragments {
+    counter atomic {}
+    counter fragment {}
+    chain prerouting {
+        type filter hook prerouting priority -450; policy accept;
+        ip protocol udp ip frag-off & 0x4000 != 0 ip id 0 counter name \"atomic\"
+        ip frag-off & 0x3fff != 0 counter name \"fragment\"
+    }
+}
+";
+
+/// Packets counted so far by the pod's counter `name` ([`FRAGMENT_COUNTERS`]).
+fn pod_packets(node: &Node, name: &str) -> u64 {
+    let listing = node
+        .pod
+        .run("nft", &["list", "counter", "ip", "pod_fragments", name])
+        .unwrap();
+    listing
+        .split_whitespace()
+        .skip_while(|word| *word != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no packet count in {listing}"))
+}
+
+/// The A records of `name` that a pod's `dig` (EDNS, 1,232 bytes, no retry over TCP) gets.
+fn pod_a_records(node: &Node, name: &str) -> usize {
+    let out = node
+        .pod
+        .run(
+            "dig",
+            &[
+                &format!("@{KUBE_DNS}"),
+                "+bufsize=1232",
+                "+ignore",
+                "+tries=1",
+                "+time=2",
+                "+noall",
+                "+answer",
+                name,
+                "A",
+            ],
+        )
+        .unwrap_or_else(|err| panic!("{name}: {err:#}"));
+    out.lines()
+        .filter(|line| line.split_whitespace().nth(3) == Some("A"))
+        .count()
+}
+
+#[test]
+fn udp_answers_are_atomic_datagrams_and_one_too_large_for_the_link_goes_in_fragments() {
+    let _turn = crate::shared();
+    if let Some(reason) = node::unavailable() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    // 60 addresses each: answers of about 1,030 bytes, within the 1,232 a UDP answer may take.
+    let mut zones = Node::standard_zones();
+    let cluster = zones
+        .iter_mut()
+        .find(|z| z.origin == "cluster.local.")
+        .expect("the standard zones hold cluster.local");
+    for service in ["sixty", "sixty-more"] {
+        for i in 0..60u8 {
+            let _ = writeln!(
+                cluster.body,
+                "{service}.default.svc 30 IN A {}",
+                Ipv4Addr::new(10, 200, 0, i + 1)
+            );
+        }
+    }
+    let node = Node::build_serving(NodeOptions::default(), zones).expect("simulated node");
+    let agent = node.start_nodedns(&[]).expect("nodedns starts");
+    node.pod
+        .run_stdin("nft", &["-f", "-"], FRAGMENT_COUNTERS)
+        .unwrap();
+
+    // On the pod's 1,500-byte link, the answer leaves whole, with DF and ID 0.
+    assert_eq!(pod_a_records(&node, "sixty.default.svc.cluster.local"), 60);
+    assert!(
+        pod_packets(&node, "atomic") >= 1,
+        "the answer was an atomic datagram"
+    );
+    assert_eq!(pod_packets(&node, "fragment"), 0);
+
+    // A link of 576 bytes cannot carry it with DF: the kernel refuses it, and nodedns sends it
+    // again in fragments. Once from the cache, once from the upstream (a miss: its answer goes
+    // out through the worker's batch of answers).
+    node.node
+        .run("ip", &["link", "set", "vp", "mtu", "576"])
+        .unwrap();
+    assert_eq!(pod_a_records(&node, "sixty.default.svc.cluster.local"), 60);
+    let fragments = pod_packets(&node, "fragment");
+    assert!(
+        fragments >= 2,
+        "{fragments} fragments: the answer came in pieces"
+    );
+    assert_eq!(
+        pod_a_records(&node, "sixty-more.default.svc.cluster.local"),
+        60
+    );
+    let more = pod_packets(&node, "fragment") - fragments;
+    assert!(
+        more >= 2,
+        "{more} fragments: the upstream's answer came in pieces"
+    );
+    drop(agent);
 }

@@ -40,7 +40,7 @@
 use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -49,6 +49,7 @@ use nix::errno::Errno;
 use nix::sys::socket::{
     MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg, sendto, setsockopt, sockopt,
 };
+use rustix::net::sockopt::{Ipv4PathMtuDiscovery, set_ip_mtu_discover};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -114,7 +115,66 @@ fn set_buffers(socket: &Socket) {
 /// Sends one datagram without blocking.
 pub fn send_nonblocking(socket: &UdpSocket, buf: &[u8], peer: SocketAddr) -> nix::Result<usize> {
     let addr = SockaddrStorage::from(peer);
-    sendto(socket.as_raw_fd(), buf, &addr, MsgFlags::MSG_DONTWAIT)
+    send_one(socket, buf, &addr, MsgFlags::MSG_DONTWAIT)
+}
+
+/// IPv4 answers are never fragmented by the kernel (`IP_PMTUDISC_PROBE`). By default the kernel
+/// sets DF but may still fragment what it sends, so every answer takes an IP ID from a table the
+/// whole host shares (`__ip_select_ident`: a hash, and an atomic add on a cache line that every
+/// CPU's sends contend for), 4 % of a worker's CPU per cache hit. An answer it never fragments
+/// is an atomic datagram and takes ID 0 (RFC 6864 §4.1). A UDP answer is at most
+/// [`nodedns_wire::EDNS_UDP_SIZE`] bytes, small enough for any path, and the path MTU is
+/// ignored, so an ICMP "fragmentation needed" (which could be forged) never lowers what the
+/// socket sends. The kernel refuses an answer larger than its link's MTU (`EMSGSIZE`):
+/// [`send_one`] then sends it fragmented. IPv6 has no ID in its header; its sockets are left as
+/// they are.
+fn forbid_fragments(socket: &UdpSocket, local: SocketAddr) {
+    if !local.is_ipv4() {
+        return;
+    }
+    if let Err(err) = set_ip_mtu_discover(socket, Ipv4PathMtuDiscovery::PROBE) {
+        tracing::debug!(%local, %err, "cannot set DF on UDP answers");
+    }
+}
+
+/// Sends one datagram; one that its link's MTU cannot carry with DF set goes fragmented
+/// ([`send_fragmented`]).
+fn send_one(
+    socket: &UdpSocket,
+    buf: &[u8],
+    peer: &SockaddrStorage,
+    flags: MsgFlags,
+) -> nix::Result<usize> {
+    match sendto(socket.as_raw_fd(), buf, peer, flags) {
+        Err(Errno::EMSGSIZE) => send_fragmented(socket, buf, peer, flags),
+        sent => sent,
+    }
+}
+
+/// Sends one IPv4 datagram that the kernel refused with DF: the socket lets the kernel fragment
+/// for this one send (`IP_PMTUDISC_OMIT`, fragments at the link's MTU, the path MTU still
+/// ignored), then sets DF again. One lock for every socket: no other thread may set DF again
+/// between the two steps; the datagrams that other threads send meanwhile without DF are only as
+/// costly as they were before DF.
+#[cold]
+fn send_fragmented(
+    socket: &UdpSocket,
+    buf: &[u8],
+    peer: &SockaddrStorage,
+    flags: MsgFlags,
+) -> nix::Result<usize> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if peer.as_sockaddr_in().is_none() {
+        return Err(Errno::EMSGSIZE);
+    }
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    set_ip_mtu_discover(socket, Ipv4PathMtuDiscovery::OMIT)
+        .map_err(|err| Errno::from_raw(err.raw_os_error()))?;
+    let sent = sendto(socket.as_raw_fd(), buf, peer, flags);
+    let _ = set_ip_mtu_discover(socket, Ipv4PathMtuDiscovery::PROBE);
+    sent
 }
 
 /// What tells a worker to stop serving: a flag it reads between batches, and a signal that wakes
@@ -145,7 +205,8 @@ pub fn run(shared: Arc<Shared>, socket: Arc<UdpSocket>, local: SocketAddr, stop:
             return;
         }
     };
-    OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(shared.clone(), socket.as_raw_fd())));
+    forbid_fragments(&socket, local);
+    OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(shared.clone(), socket.clone())));
     runtime.block_on(serve(&shared, &socket, local, &stop));
     runtime.block_on(drain(DRAIN));
     // Whatever is still in flight now is dropped with the runtime; the waiters it leaves are
@@ -317,7 +378,7 @@ enum Wait {
 struct Outbox {
     shared: Arc<Shared>,
     /// The worker's socket.
-    fd: RawFd,
+    socket: Arc<UdpSocket>,
     /// The answers queued, and their clients.
     answers: Vec<Vec<u8>>,
     peers: Vec<Option<SockaddrStorage>>,
@@ -334,10 +395,10 @@ thread_local! {
 }
 
 impl Outbox {
-    fn new(shared: Arc<Shared>, fd: RawFd) -> Self {
+    fn new(shared: Arc<Shared>, socket: Arc<UdpSocket>) -> Self {
         Outbox {
             shared,
-            fd,
+            socket,
             answers: Vec::new(),
             peers: Vec::new(),
             flushing: false,
@@ -355,7 +416,7 @@ pub fn send(socket: &UdpSocket, out: Vec<u8>, peer: SocketAddr) -> bool {
     let fd = socket.as_raw_fd();
     let queued = OUTBOX.with(|outbox| {
         let mut outbox = outbox.borrow_mut();
-        let Some(outbox) = outbox.as_mut().filter(|o| o.fd == fd) else {
+        let Some(outbox) = outbox.as_mut().filter(|o| o.socket.as_raw_fd() == fd) else {
             return Err(out);
         };
         outbox.answers.push(out);
@@ -382,7 +443,7 @@ fn flush() {
         outbox.flushing = false;
         let mut iovs = recycle(std::mem::take(&mut outbox.iovs));
         iovs.extend(outbox.answers.iter().map(|a| [IoSlice::new(a)]));
-        let failed = send_all(outbox.fd, &mut outbox.headers, &iovs, &outbox.peers);
+        let failed = send_all(&outbox.socket, &mut outbox.headers, &iovs, &outbox.peers);
         outbox.iovs = recycle(iovs);
         outbox.answers.clear();
         outbox.peers.clear();
@@ -395,7 +456,7 @@ fn flush() {
 /// Sends each datagram of `iovs` to its peer, in as few `sendmmsg` calls as the kernel takes
 /// them; returns how many failed (skipped: an unreachable peer, a full buffer).
 fn send_all(
-    fd: RawFd,
+    socket: &UdpSocket,
     headers: &mut MultiHeaders<SockaddrStorage>,
     iovs: &[[IoSlice<'_>; 1]],
     peers: &[Option<SockaddrStorage>],
@@ -404,7 +465,7 @@ fn send_all(
     while done < iovs.len() {
         let end = iovs.len().min(done + BATCH);
         match sendmmsg(
-            fd,
+            socket.as_raw_fd(),
             headers,
             &iovs[done..end],
             &peers[done..end],
@@ -422,9 +483,16 @@ fn send_all(
                 done += sent;
             }
             Err(Errno::EINTR) => {}
-            Err(_) => {
-                // The first datagram of the rest failed (e.g. an unreachable peer): skip it.
-                failed += 1;
+            Err(err) => {
+                // The first datagram of the rest failed: one too large for DF goes fragmented,
+                // any other (e.g. to an unreachable peer) is skipped.
+                let sent = err == Errno::EMSGSIZE
+                    && peers[done].as_ref().is_some_and(|peer| {
+                        send_fragmented(socket, &iovs[done][0], peer, MsgFlags::empty()).is_ok()
+                    });
+                if !sent {
+                    failed += 1;
+                }
                 done += 1;
             }
         }
@@ -551,7 +619,7 @@ impl Worker {
                 },
             }
         }
-        self.send_answers(fd, to.counters);
+        self.send_answers(socket, to.counters);
         Ok(())
     }
 
@@ -582,11 +650,11 @@ impl Worker {
         Ok(())
     }
 
-    fn send_answers(&mut self, fd: i32, counters: &Counters) {
+    fn send_answers(&mut self, socket: &UdpSocket, counters: &Counters) {
         if let [slot] = self.answers[..] {
             // One answer (the common case below saturation): a plain sendto.
             if let Some(peer) = &self.received[slot].1 {
-                if sendto(fd, &self.outbuf[slot], peer, MsgFlags::empty()).is_err() {
+                if send_one(socket, &self.outbuf[slot], peer, MsgFlags::empty()).is_err() {
                     counters.send_failed();
                 }
             }
@@ -601,7 +669,7 @@ impl Worker {
                 .iter()
                 .map(|&slot| [IoSlice::new(&self.outbuf[slot])]),
         );
-        for _ in 0..send_all(fd, &mut self.send_headers, &iovs, &self.peers) {
+        for _ in 0..send_all(socket, &mut self.send_headers, &iovs, &self.peers) {
             counters.send_failed();
         }
         self.send_iovs = recycle(iovs);
