@@ -26,8 +26,8 @@ pub struct Entry {
     /// Lifetime after clamping, in seconds.
     ttl: u32,
     /// Fresh lookups that found this entry, none more than the prefetch window after the one
-    /// before (CoreDNS's `freq`); decides whether it is popular enough to prefetch. Relaxed: it is
-    /// a heuristic, an increment lost to a race changes nothing that matters.
+    /// before (CoreDNS's `freq`); decides whether it is popular enough to prefetch. Written under
+    /// the shard's lock ([`Entry::hit`]); relaxed, read by whoever holds the entry.
     hits: AtomicU32,
     /// When the last of `hits` came: whole seconds after `stored` (the entry's age then).
     last_hit: AtomicU32,
@@ -75,13 +75,22 @@ impl Entry {
     /// including it: a hit more than `window` seconds after the previous one (or after the
     /// store, for the first) starts the count again at 1, as CoreDNS's `freq.Update` does (to
     /// the second: the ages are whole seconds, which the lookup has at hand).
+    ///
+    /// Called under the lock of the entry's shard, which orders the hits: plain loads and
+    /// stores, no read-modify-write (a locked instruction each on every hit), and `last_hit` is
+    /// written only when the second changes.
     pub(crate) fn hit(&self, at: u32, window: u32) -> u32 {
-        let last = self.last_hit.swap(at, Ordering::Relaxed);
-        if at.saturating_sub(last) > window {
-            self.hits.store(1, Ordering::Relaxed);
-            return 1;
+        let last = self.last_hit.load(Ordering::Relaxed);
+        if last != at {
+            self.last_hit.store(at, Ordering::Relaxed);
         }
-        self.hits.fetch_add(1, Ordering::Relaxed).saturating_add(1)
+        let hits = if at.saturating_sub(last) > window {
+            1
+        } else {
+            self.hits.load(Ordering::Relaxed).saturating_add(1)
+        };
+        self.hits.store(hits, Ordering::Relaxed);
+        hits
     }
 
     /// Takes over the hits of `old`, the entry this one replaces while `old` was still fresh (a
