@@ -126,6 +126,19 @@ impl Node {
         vec![Knot::cluster_local(), root_zone()]
     }
 
+    /// [`Node::standard_zones`] with `records` (zone-file lines, names relative to
+    /// `cluster.local.`) added to cluster.local.
+    pub fn standard_zones_with(records: &str) -> Vec<Zone> {
+        let mut zones = Node::standard_zones();
+        zones
+            .iter_mut()
+            .find(|z| z.origin == "cluster.local.")
+            .expect("the standard zones hold cluster.local")
+            .body
+            .push_str(records);
+        zones
+    }
+
     /// [`Node::build`] with CoreDNS serving `zones` instead (start from
     /// [`Node::standard_zones`] to add records or zones).
     pub fn build_serving(options: NodeOptions, zones: Vec<Zone>) -> anyhow::Result<Node> {

@@ -204,23 +204,17 @@ impl Cache {
             drop(removed);
             return Lookup::Miss;
         };
-        // Counted with or without prefetch (`Entry::hits` says whether a client asked), under
-        // the lock (`Entry::hit`).
-        let hits = match usable {
-            Usable::Fresh { age, .. } => {
+        let entry = Arc::clone(found);
+        shard.touch(slot);
+        // Still under the lock, which orders the hits the entry counts (`Entry::hit`).
+        let lookup = match usable {
+            Usable::Fresh { age, remaining } => {
+                let ttl = entry.ttl();
+                // Counted with or without prefetch: `Entry::hits` says whether a client asked.
                 let window = self.policy.prefetch.map_or(u32::MAX, |p| {
                     u32::try_from(p.window.as_secs()).unwrap_or(u32::MAX)
                 });
-                found.hit(age, window)
-            }
-            Usable::Stale { .. } => 0,
-        };
-        let entry = Arc::clone(found);
-        shard.touch(slot);
-        drop(shard);
-        match usable {
-            Usable::Fresh { age, remaining } => {
-                let ttl = entry.ttl();
+                let hits = entry.hit(age, window);
                 let prefetch = self.policy.prefetch.is_some_and(|p| {
                     hits >= p.amount && remaining <= p.threshold(ttl) && entry.claim_refresh(now)
                 });
@@ -242,7 +236,9 @@ impl Cache {
                 entry,
                 ttl: TtlRule::stale(ttl),
             },
-        }
+        };
+        drop(shard);
+        lookup
     }
 
     /// Whether `entry` is fresh or stale at `now`; `None` once it is past all use.

@@ -87,16 +87,13 @@ fn names() -> Vec<Name> {
 /// CoreDNS's zones: the standard ones, the two headless services added to cluster.local (the
 /// web service is already there), and an external zone.
 fn zones() -> Vec<Zone> {
-    let mut zones = Node::standard_zones();
-    let cluster = zones
-        .iter_mut()
-        .find(|z| z.origin == "cluster.local.")
-        .expect("the standard zones hold cluster.local");
+    let mut records = String::new();
     for (service, pods) in [("headless60", 60), ("headless300", 300)] {
         for i in 0..pods {
-            let _ = writeln!(cluster.body, "{service}.default.svc 30 IN A {}", pod_ip(i));
+            let _ = writeln!(records, "{service}.default.svc 30 IN A {}", pod_ip(i));
         }
     }
+    let mut zones = Node::standard_zones_with(&records);
     zones.push(Zone {
         origin: "example.com.".to_owned(),
         body: "@ 30 IN SOA ns.example.com. hostmaster.example.com. 1 7200 1800 86400 30\n\

@@ -224,20 +224,17 @@ fn udp_answers_are_atomic_datagrams_and_one_too_large_for_the_link_goes_in_fragm
         return;
     }
     // 60 addresses each: answers of about 1,030 bytes, within the 1,232 a UDP answer may take.
-    let mut zones = Node::standard_zones();
-    let cluster = zones
-        .iter_mut()
-        .find(|z| z.origin == "cluster.local.")
-        .expect("the standard zones hold cluster.local");
+    let mut records = String::new();
     for service in ["sixty", "sixty-more"] {
         for i in 0..60u8 {
             let _ = writeln!(
-                cluster.body,
+                records,
                 "{service}.default.svc 30 IN A {}",
                 Ipv4Addr::new(10, 200, 0, i + 1)
             );
         }
     }
+    let zones = Node::standard_zones_with(&records);
     let node = Node::build_serving(NodeOptions::default(), zones).expect("simulated node");
     let agent = node.start_nodedns(&[]).expect("nodedns starts");
     node.pod
