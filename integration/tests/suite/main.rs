@@ -74,7 +74,8 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// Which tests may run at the same time.
 ///
 /// The test harness runs the tests of a binary in parallel threads (one per core unless
-/// `--test-threads` says otherwise), all in this process. Some tests load the machine on purpose
+/// `--test-threads` or `RUST_TEST_THREADS` says otherwise; `scripts/test` runs two per core),
+/// all in this process. Some tests load the machine on purpose
 /// and count what fails, or measure memory or latency: thousands of queries a second through
 /// hand-overs, upstream restarts and floods, with a 2 s deadline per query; a reload under three
 /// clients that never pause; two instances restarted and killed under a pod's lookup loop; 800
