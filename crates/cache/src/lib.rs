@@ -28,8 +28,8 @@
 //! Invariants:
 //! - A served TTL never exceeds the entry's remaining lifetime (fresh) or the stale TTL (stale):
 //!   [`Lookup`] carries the [`nodedns_wire::TtlRule`] that enforces it.
-//! - A lookup allocates nothing, and holds one shard's lock only for the probe, the hit count and
-//!   an `Arc` clone.
+//! - A lookup allocates nothing, and holds one shard's lock only for the probe, the hit count,
+//!   the prefetch claim and an `Arc` clone.
 //! - The sum of entry weights (key + reply heap bytes + [`ENTRY_OVERHEAD`]) is within
 //!   `Policy::capacity_bytes` after every call: each insert evicts until its shard is within its
 //!   share. [`ENTRY_OVERHEAD`] is measured, so the heap the entries really use tracks the capacity.

@@ -183,7 +183,7 @@ impl Cache {
     }
 
     /// Looks `key` up at `now`. Allocates nothing; holds the key's shard lock for the probe, the
-    /// hit count and an `Arc` clone only.
+    /// hit count, the prefetch claim and an `Arc` clone only.
     ///
     /// The age is whole seconds since the entry was stored (0 if `now` is earlier). An entry is
     /// fresh while its age is below its lifetime; then, with a stale policy and for success and

@@ -74,20 +74,19 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// Which tests may run at the same time.
 ///
 /// The test harness runs the tests of a binary in parallel threads (one per core unless
-/// `--test-threads` or `RUST_TEST_THREADS` says otherwise; `scripts/test` runs two per core),
-/// all in this process. Some tests load the machine on purpose
-/// and count what fails, or measure memory or latency: thousands of queries a second through
-/// hand-overs, upstream restarts and floods, with a 2 s deadline per query; a reload under three
-/// clients that never pause; two instances restarted and killed under a pod's lookup loop; 800
-/// misses a second while a CoreDNS pod vanishes, every answer within 250 ms. Others hold the
-/// agent to a bound in time or CPU: a connection closed within its time-out, `/health` within a
-/// second beside 200 held connections, the CPU an accept loop spends out of descriptors, an exit
-/// beside silent hand-over peers. Beside another test, they would measure that test too, and
-/// their load would push that test's own deadlines (a lookup with a 1 s timeout, a SERVFAIL
-/// within the agent's deadline, a TTL window) over the edge. They run [`alone`]. Every other test
-/// runs [`shared`]: beside other shared tests, never beside one that runs alone — as each did
-/// beside the tests of its own file when every file was a binary of its own and cargo ran the
-/// binaries one after another.
+/// `--test-threads` or `RUST_TEST_THREADS` says otherwise; `scripts/test` runs two per core), all
+/// in this process. Some tests load the machine on purpose and count what fails, or measure memory
+/// or latency: thousands of queries a second through hand-overs, upstream restarts and floods, with
+/// a 2 s deadline per query; a reload under three clients that never pause; two instances restarted
+/// and killed under a pod's lookup loop; 800 misses a second while a CoreDNS pod vanishes, every
+/// answer within 250 ms. Others hold the agent to a bound in time or CPU: a connection closed
+/// within its time-out, `/health` within a second beside 200 held connections, the CPU an accept
+/// loop spends out of descriptors, an exit beside silent hand-over peers. Beside another test, they
+/// would measure that test too, and their load would push that test's own deadlines (a lookup with
+/// a 1 s timeout, a SERVFAIL within the agent's deadline, a TTL window) over the edge. They run
+/// [`alone`]. Every other test runs [`shared`]: beside other shared tests, never beside one that
+/// runs alone — as each did beside the tests of its own file when every file was a binary of its
+/// own and cargo ran the binaries one after another.
 ///
 /// A test waiting to run alone waits only for the tests already running: std's `RwLock` on Linux
 /// lets no new reader in while a writer waits.
