@@ -128,6 +128,12 @@ pub fn same_question(a: &[u8], b: &[u8]) -> bool {
 /// Whether two questions (uncompressed name, type, class) are equal with the name compared
 /// without ASCII case (RFC 4343 §3) and type and class compared exactly.
 fn questions_match(a: &[u8], b: &[u8]) -> bool {
+    // A client almost always asks in the letter case of the query that filled the entry (the
+    // upstream echoes it): one `memcmp` settles that, where the case-folding loop below goes
+    // byte by byte.
+    if a == b {
+        return a.len() >= 4;
+    }
     let (Some(split_a), Some(split_b)) = (a.len().checked_sub(4), b.len().checked_sub(4)) else {
         return false;
     };
@@ -1508,5 +1514,22 @@ mod tests {
         assert!(!same_question(&a, &a[..a.len() - 1]));
         assert!(!same_question(&a, &a[..5]));
         assert!(!same_question(&message(1, b"\xc0\x0c\x00\x01\x00\x01"), &a));
+    }
+
+    #[test]
+    fn questions_match_identical_bytes_only_as_a_whole_question() {
+        let q = b"\x07example\x03com\x00\x00\x01\x00\x01";
+        assert!(questions_match(q, q));
+        assert!(questions_match(
+            q,
+            b"\x07EXAMPLE\x03com\x00\x00\x01\x00\x01"
+        ));
+        // Fewer bytes than a type and a class: not a question, even compared with itself.
+        assert!(!questions_match(b"\x00\x01\x00", b"\x00\x01\x00"));
+        assert!(!questions_match(b"", b""));
+        assert!(questions_match(
+            b"\x00\x00\x01\x00\x01",
+            b"\x00\x00\x01\x00\x01"
+        ));
     }
 }
