@@ -14,6 +14,21 @@ use super::{Forward, Server, values};
 #[derive(Debug, Clone)]
 pub struct Router {
     blocks: Vec<Entry>,
+    /// Every zone of every block, the longest first (file order among equal lengths): the first
+    /// one that holds a name, among the blocks listening where the query arrived, is its route.
+    zones: Vec<Candidate>,
+    /// The same, per address some block listens on, kept to the blocks that receive queries
+    /// arriving there: a query's route is then the first zone of its address's list that holds
+    /// the name, with no block's listen addresses compared.
+    by_local: Vec<(SocketAddr, Vec<Candidate>)>,
+}
+
+/// One zone of one block, as the router tries it.
+#[derive(Debug, Clone)]
+struct Candidate {
+    server: usize,
+    zone: usize,
+    name: Box<[u8]>,
 }
 
 #[derive(Debug, Clone)]
@@ -101,28 +116,60 @@ fn listens(listen: &[SocketAddr], local: SocketAddr) -> bool {
 impl Router {
     pub fn new(servers: &[Server]) -> Router {
         let wire = |z: &String| values::wire(z).into_boxed_slice();
-        Router {
-            blocks: servers
+        let blocks: Vec<Entry> = servers
+            .iter()
+            .map(|s| {
+                let zones: Vec<Box<[u8]>> = s.zones.iter().map(wire).collect();
+                let forwards: Vec<Takes> = s.forwards.iter().map(Takes::new).collect();
+                let whole = zones
+                    .iter()
+                    .map(|z| {
+                        forwards
+                            .iter()
+                            .any(|f| f.except.is_empty() && is_under(z, &f.from) == Some(true))
+                    })
+                    .collect();
+                Entry {
+                    listen: s.listen.clone(),
+                    zones,
+                    whole,
+                    forwards,
+                }
+            })
+            .collect();
+        let mut zones: Vec<Candidate> = blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(server, block)| {
+                block
+                    .zones
+                    .iter()
+                    .enumerate()
+                    .map(move |(zone, name)| Candidate {
+                        server,
+                        zone,
+                        name: name.clone(),
+                    })
+            })
+            .collect();
+        // Stable: among zones of equal length, the first block's wins, as in CoreDNS.
+        zones.sort_by_key(|c| std::cmp::Reverse(c.name.len()));
+        let mut by_local: Vec<(SocketAddr, Vec<Candidate>)> = Vec::new();
+        for &local in blocks.iter().flat_map(|b| &b.listen) {
+            if by_local.iter().any(|(l, _)| *l == local) {
+                continue;
+            }
+            let here = zones
                 .iter()
-                .map(|s| {
-                    let zones: Vec<Box<[u8]>> = s.zones.iter().map(wire).collect();
-                    let forwards: Vec<Takes> = s.forwards.iter().map(Takes::new).collect();
-                    let whole = zones
-                        .iter()
-                        .map(|z| {
-                            forwards
-                                .iter()
-                                .any(|f| f.except.is_empty() && is_under(z, &f.from) == Some(true))
-                        })
-                        .collect();
-                    Entry {
-                        listen: s.listen.clone(),
-                        zones,
-                        whole,
-                        forwards,
-                    }
-                })
-                .collect(),
+                .filter(|c| listens(&blocks[c.server].listen, local))
+                .cloned()
+                .collect();
+            by_local.push((local, here));
+        }
+        Router {
+            blocks,
+            zones,
+            by_local,
         }
     }
 
@@ -132,24 +179,35 @@ impl Router {
     /// parser has checked its labels: the root zone matches without walking them).
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<Route> {
         // The longest zone wins. Zone lists are short (node-local-dns has four blocks of one zone
-        // each), so compare each zone with the name's tail, longest candidate first kept, and
-        // walk the labels only to confirm a tail that matched.
-        let mut best: Option<(usize, usize)> = None;
-        let mut best_len = 0;
-        for (server, block) in self.blocks.iter().enumerate() {
-            let mut listening = None;
-            for (zone, z) in block.zones.iter().enumerate() {
-                if (best.is_some() && z.len() <= best_len) || !routes_to(qname, z)? {
-                    continue;
-                }
-                if !*listening.get_or_insert_with(|| listens(&block.listen, local)) {
-                    break;
-                }
-                best = Some((server, zone));
-                best_len = z.len();
+        // each): the candidates are tried longest first, each compared with the name's tail, the
+        // labels walked only to confirm a tail that matched. Queries arrive at the addresses the
+        // blocks listen on, whose candidates are listed once; any other address (a socket taken
+        // over from an instance with another configuration) checks each block as it goes.
+        match self.by_local.iter().find(|(l, _)| *l == local) {
+            Some((_, candidates)) => self.first(qname, candidates.iter()),
+            None => self.first(
+                qname,
+                self.zones
+                    .iter()
+                    .filter(|c| listens(&self.blocks[c.server].listen, local)),
+            ),
+        }
+    }
+
+    /// The route of `qname` to the first of `candidates` whose zone holds it.
+    fn first<'a>(
+        &self,
+        qname: &[u8],
+        mut candidates: impl Iterator<Item = &'a Candidate>,
+    ) -> Option<Route> {
+        let mut found = None;
+        for c in candidates.by_ref() {
+            if routes_to(qname, &c.name)? {
+                found = Some(c);
+                break;
             }
         }
-        let (server, zone) = best?;
+        let Candidate { server, zone, .. } = *found?;
         let block = &self.blocks[server];
         let mut forward = block.whole[zone];
         if !forward {
@@ -295,6 +353,80 @@ mod tests {
             0
         );
         assert_eq!(r.route(&q("a.org"), "10.0.0.1:53".parse().unwrap()), None);
+    }
+
+    /// CoreDNS's rule, by brute force: among the blocks listening at `local`, the longest zone
+    /// that holds the name, the first block's among equals.
+    fn reference(servers: &[Server], qname: &[u8], local: SocketAddr) -> Option<(usize, usize)> {
+        let mut best: Option<(usize, usize, usize)> = None;
+        for (server, s) in servers.iter().enumerate() {
+            if !listens(&s.listen, local) {
+                continue;
+            }
+            for (zone, z) in s.zones.iter().enumerate() {
+                let z = values::wire(z);
+                let holds = z == [0] || is_under(qname, &z) == Some(true);
+                if holds && best.is_none_or(|(_, _, len)| z.len() > len) {
+                    best = Some((server, zone, z.len()));
+                }
+            }
+        }
+        best.map(|(server, zone, _)| (server, zone))
+    }
+
+    #[test]
+    fn every_address_routes_as_coredns_rule_says() {
+        let servers = [
+            server(&["cluster.local", "."], &["0.0.0.0:53"], None),
+            server(
+                &["in-addr.arpa", "ip6.arpa"],
+                &[LOCAL, "10.96.0.10:53"],
+                None,
+            ),
+            server(&["svc.cluster.local"], &[LOCAL], None),
+            server(&["cluster.local"], &[LOCAL, "127.0.0.1:5353"], None),
+            server(&["."], &["127.0.0.1:5353", "[::1]:53"], None),
+            server(&["example.com", "b.example.com"], &["[::]:53"], None),
+        ];
+        let r = Router::new(&servers);
+        let names = [
+            ".",
+            "cluster.local",
+            "kubernetes.default.svc.cluster.local",
+            "a.b.c.cluster.local",
+            "10.in-addr.arpa",
+            "1.0.0.127.in-addr.arpa",
+            "ip6.arpa",
+            "example.com",
+            "x.b.example.com",
+            "xcluster.local",
+            "google.com",
+        ];
+        // Addresses some block listens on (listed once per router), and others it may receive
+        // queries at through a wildcard (checked as the query comes).
+        let locals = [
+            LOCAL,
+            "10.96.0.10:53",
+            "0.0.0.0:53",
+            "127.0.0.1:5353",
+            "[::1]:53",
+            "[::]:53",
+            "10.0.0.1:53",
+            "[fd00::1]:53",
+            "127.0.0.1:53",
+            "10.0.0.1:54",
+        ];
+        for name in names {
+            for local in locals {
+                let local: SocketAddr = local.parse().unwrap();
+                let got = r.route(&q(name), local).map(|r| (r.server, r.zone));
+                assert_eq!(
+                    got,
+                    reference(&servers, &q(name), local),
+                    "{name} at {local}"
+                );
+            }
+        }
     }
 
     #[test]
