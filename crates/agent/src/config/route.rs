@@ -16,7 +16,7 @@ pub struct Router {
     blocks: Vec<Entry>,
     /// Every zone of every block, the longest first (file order among equal lengths): the first
     /// one that holds a name, among the blocks listening where the query arrived, is its route.
-    zones: Vec<Candidate>,
+    candidates: Vec<Candidate>,
     /// The same, per address some block listens on, kept to the blocks that receive queries
     /// arriving there: a query's route is then the first zone of its address's list that holds
     /// the name, with no block's listen addresses compared.
@@ -137,7 +137,7 @@ impl Router {
                 }
             })
             .collect();
-        let mut zones: Vec<Candidate> = blocks
+        let mut candidates: Vec<Candidate> = blocks
             .iter()
             .enumerate()
             .flat_map(|(server, block)| {
@@ -153,13 +153,13 @@ impl Router {
             })
             .collect();
         // Stable: among zones of equal length, the first block's wins, as in CoreDNS.
-        zones.sort_by_key(|c| std::cmp::Reverse(c.name.len()));
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.name.len()));
         let mut by_local: Vec<(SocketAddr, Vec<Candidate>)> = Vec::new();
         for &local in blocks.iter().flat_map(|b| &b.listen) {
             if by_local.iter().any(|(l, _)| *l == local) {
                 continue;
             }
-            let here = zones
+            let here = candidates
                 .iter()
                 .filter(|c| listens(&blocks[c.server].listen, local))
                 .cloned()
@@ -168,7 +168,7 @@ impl Router {
         }
         Router {
             blocks,
-            zones,
+            candidates,
             by_local,
         }
     }
@@ -180,14 +180,13 @@ impl Router {
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<Route> {
         // The longest zone wins. Zone lists are short (node-local-dns has four blocks of one zone
         // each): the candidates are tried longest first, each compared with the name's tail, the
-        // labels walked only to confirm a tail that matched. Queries arrive at the addresses the
-        // blocks listen on, whose candidates are listed once; any other address (a socket taken
-        // over from an instance with another configuration) checks each block as it goes.
+        // labels walked only to confirm a tail that matched. The addresses the blocks listen on
+        // have their candidates listed once; any other address checks each block as it goes.
         match self.by_local.iter().find(|(l, _)| *l == local) {
             Some((_, candidates)) => self.first(qname, candidates.iter()),
             None => self.first(
                 qname,
-                self.zones
+                self.candidates
                     .iter()
                     .filter(|c| listens(&self.blocks[c.server].listen, local)),
             ),
@@ -198,10 +197,10 @@ impl Router {
     fn first<'a>(
         &self,
         qname: &[u8],
-        mut candidates: impl Iterator<Item = &'a Candidate>,
+        candidates: impl Iterator<Item = &'a Candidate>,
     ) -> Option<Route> {
         let mut found = None;
-        for c in candidates.by_ref() {
+        for c in candidates {
             if routes_to(qname, &c.name)? {
                 found = Some(c);
                 break;
@@ -375,7 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn every_address_routes_as_coredns_rule_says() {
+    fn every_address_routes_by_coredns_rule() {
         let servers = [
             server(&["cluster.local", "."], &["0.0.0.0:53"], None),
             server(
