@@ -28,17 +28,17 @@ pub struct Router {
 struct Candidate {
     server: usize,
     zone: usize,
+    /// The zone in wire form.
     name: Box<[u8]>,
+    /// Whether one of the block's `forward` lines takes every name of the zone (its FROM is the
+    /// zone or above, and it has no `except`), decided once here so that most queries never
+    /// look at the lines.
+    whole: bool,
 }
 
 #[derive(Debug, Clone)]
 struct Entry {
     listen: Vec<SocketAddr>,
-    zones: Vec<Box<[u8]>>,
-    /// Per zone: whether one `forward` line takes every name of it (its FROM is the zone or
-    /// above, and it has no `except`), decided once here so that most queries never look at
-    /// the lines.
-    whole: Vec<bool>,
     /// The block's `forward` lines, in file order; empty when it does not forward.
     forwards: Vec<Takes>,
 }
@@ -115,41 +115,31 @@ fn listens(listen: &[SocketAddr], local: SocketAddr) -> bool {
 
 impl Router {
     pub fn new(servers: &[Server]) -> Router {
-        let wire = |z: &String| values::wire(z).into_boxed_slice();
         let blocks: Vec<Entry> = servers
             .iter()
-            .map(|s| {
-                let zones: Vec<Box<[u8]>> = s.zones.iter().map(wire).collect();
-                let forwards: Vec<Takes> = s.forwards.iter().map(Takes::new).collect();
-                let whole = zones
-                    .iter()
-                    .map(|z| {
-                        forwards
-                            .iter()
-                            .any(|f| f.except.is_empty() && is_under(z, &f.from) == Some(true))
-                    })
-                    .collect();
-                Entry {
-                    listen: s.listen.clone(),
-                    zones,
-                    whole,
-                    forwards,
-                }
+            .map(|s| Entry {
+                listen: s.listen.clone(),
+                forwards: s.forwards.iter().map(Takes::new).collect(),
             })
             .collect();
-        let mut candidates: Vec<Candidate> = blocks
+        let mut candidates: Vec<Candidate> = servers
             .iter()
+            .zip(&blocks)
             .enumerate()
-            .flat_map(|(server, block)| {
-                block
-                    .zones
-                    .iter()
-                    .enumerate()
-                    .map(move |(zone, name)| Candidate {
+            .flat_map(|(server, (s, block))| {
+                s.zones.iter().enumerate().map(move |(zone, z)| {
+                    let name = values::wire(z).into_boxed_slice();
+                    let whole = block
+                        .forwards
+                        .iter()
+                        .any(|f| f.except.is_empty() && is_under(&name, &f.from) == Some(true));
+                    Candidate {
                         server,
                         zone,
-                        name: name.clone(),
-                    })
+                        name,
+                        whole,
+                    }
+                })
             })
             .collect();
         // Stable: among zones of equal length, the first block's wins, as in CoreDNS.
@@ -199,29 +189,26 @@ impl Router {
         qname: &[u8],
         candidates: impl Iterator<Item = &'a Candidate>,
     ) -> Option<Route> {
-        let mut found = None;
         for c in candidates {
-            if routes_to(qname, &c.name)? {
-                found = Some(c);
-                break;
+            if !routes_to(qname, &c.name)? {
+                continue;
             }
-        }
-        let Candidate { server, zone, .. } = *found?;
-        let block = &self.blocks[server];
-        let mut forward = block.whole[zone];
-        if !forward {
-            for f in &block.forwards {
-                if f.takes(qname, Some(&block.zones[zone]))? {
-                    forward = true;
-                    break;
+            let mut forward = c.whole;
+            if !forward {
+                for f in &self.blocks[c.server].forwards {
+                    if f.takes(qname, Some(&c.name))? {
+                        forward = true;
+                        break;
+                    }
                 }
             }
+            return Some(Route {
+                server: c.server,
+                zone: c.zone,
+                forward,
+            });
         }
-        Some(Route {
-            server,
-            zone,
-            forward,
-        })
+        None
     }
 }
 
