@@ -51,4 +51,4 @@ pub use policy::{
     Refresh, Scope, Stale,
 };
 pub use stale::{Fetched, Updated};
-pub use store::{Cache, ENTRY_OVERHEAD, Lookup, Stats, Stored};
+pub use store::{Cache, ENTRY_OVERHEAD, Found, Lookup, Stats, Stored};

@@ -8,7 +8,8 @@
 //!
 //! Layout: a power-of-two number of shards (see [`shard_count`]), chosen by bits of the key's
 //! hash; each is a `Mutex<Shard>` locked only for the shard's own bookkeeping (a lookup: find,
-//! count the hit, clone an `Arc`). A shard keeps its entries in a slab of slots, indexed by a
+//! count the hit, clone an `Arc`, or with [`Cache::lookup_with`] let the caller write its answer
+//! from the entry in place). A shard keeps its entries in a slab of slots, indexed by a
 //! `hashbrown::HashTable<u32>` of slot numbers (so the key bytes are stored once, in the slot),
 //! and runs S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023)
 //! over three FIFOs:
@@ -111,6 +112,43 @@ pub enum Lookup {
     Miss,
 }
 
+/// What a lookup found, lent while the key's shard is locked ([`Cache::lookup_with`]).
+#[derive(Debug)]
+pub enum Found<'a> {
+    /// As [`Lookup::Fresh`].
+    Fresh {
+        entry: &'a Arc<Entry>,
+        ttl: TtlRule,
+        prefetch: bool,
+    },
+    /// As [`Lookup::Stale`].
+    Stale { entry: &'a Arc<Entry>, ttl: TtlRule },
+    /// Nothing usable.
+    Miss,
+}
+
+impl Found<'_> {
+    /// What [`Cache::lookup`] returns for it: the entry shared, its reference count raised.
+    fn to_lookup(&self) -> Lookup {
+        match *self {
+            Found::Fresh {
+                entry,
+                ttl,
+                prefetch,
+            } => Lookup::Fresh {
+                entry: Arc::clone(entry),
+                ttl,
+                prefetch,
+            },
+            Found::Stale { entry, ttl } => Lookup::Stale {
+                entry: Arc::clone(entry),
+                ttl,
+            },
+            Found::Miss => Lookup::Miss,
+        }
+    }
+}
+
 /// The question name of a key's bytes ([`nodedns_wire::Key::as_bytes`]: the name, then qtype,
 /// qclass and a flags byte).
 fn qname(key: &[u8]) -> &[u8] {
@@ -183,7 +221,7 @@ impl Cache {
     }
 
     /// Looks `key` up at `now`. Allocates nothing; holds the key's shard lock for the probe, the
-    /// hit count, the prefetch claim and an `Arc` clone only.
+    /// hit counts, the prefetch claim and an `Arc` clone only.
     ///
     /// The age is whole seconds since the entry was stored (0 if `now` is earlier). An entry is
     /// fresh while its age is below its lifetime; then, with a stale policy and for success and
@@ -191,23 +229,36 @@ impl Cache {
     /// while less than `stale.window` has passed since it expired; after that it is a miss and
     /// is removed.
     pub fn lookup(&self, key: &[u8], now: Instant) -> Lookup {
+        self.lookup_with(key, now, |found| found.to_lookup())
+    }
+
+    /// Looks `key` up at `now` as [`Cache::lookup`] does, and hands what it found to `use_it`
+    /// while the key's shard is still locked: an answer written from the entry there takes no
+    /// reference to it (no reference count to raise and drop again, two locked instructions a
+    /// hit). `use_it` must not use this cache (the shard's lock is held) and should be short:
+    /// the shard's other lookups wait for it. A miss is handed over after the lock is released.
+    pub fn lookup_with<R>(
+        &self,
+        key: &[u8],
+        now: Instant,
+        use_it: impl FnOnce(Found<'_>) -> R,
+    ) -> R {
         let hash = self.hash(key);
         let mut shard = self.shard(hash);
-        let Some((slot, found)) = shard.get(hash, key) else {
-            return Lookup::Miss;
+        let Some((slot, entry)) = shard.get(hash, key) else {
+            drop(shard);
+            return use_it(Found::Miss);
         };
-        let Some(usable) = self.usable(found, now) else {
+        let Some(usable) = self.usable(entry, now) else {
             // Past all use: free the space now rather than when eviction reaches it. The reply
             // itself is freed after the lock is released.
             let removed = shard.remove(slot);
             drop(shard);
             drop(removed);
-            return Lookup::Miss;
+            return use_it(Found::Miss);
         };
-        let entry = Arc::clone(found);
-        shard.touch(slot);
         // Still under the lock, which orders the hits the entry counts (`Entry::hit`).
-        let lookup = match usable {
+        let found = match usable {
             Usable::Fresh { age, remaining } => {
                 let ttl = entry.ttl();
                 // Counted with or without prefetch: `Entry::hits` says whether a client asked.
@@ -224,7 +275,7 @@ impl Cache {
                 } else {
                     TtlRule::fresh(age, remaining)
                 };
-                Lookup::Fresh {
+                Found::Fresh {
                     entry,
                     ttl: rule,
                     prefetch,
@@ -232,13 +283,15 @@ impl Cache {
             }
             // RFC 8767 §4: every record of a stale answer gets the stale TTL, one stored with
             // TTL 0 included (a TTL of 0 would tell the client not to keep what it got).
-            Usable::Stale { ttl } => Lookup::Stale {
+            Usable::Stale { ttl } => Found::Stale {
                 entry,
                 ttl: TtlRule::stale(ttl),
             },
         };
+        let result = use_it(found);
+        shard.touch(slot);
         drop(shard);
-        lookup
+        result
     }
 
     /// Whether `entry` is fresh or stale at `now`; `None` once it is past all use.
@@ -868,6 +921,40 @@ mod tests {
             (entry.class(), entry.ttl(), entry.stored()),
             (Class::Success, 60, t0)
         );
+    }
+
+    #[test]
+    fn lookup_with_lends_what_lookup_returns_without_a_reference() {
+        let policy = Policy {
+            stale: Some(stale(secs(60), 30)),
+            ..Policy::default()
+        };
+        let cache = Cache::new(policy);
+        let t0 = Instant::now();
+        insert(&cache, b"k", success(&[60]), t0);
+        for (at, fresh) in [(t0 + secs(10), true), (t0 + secs(70), false)] {
+            let lent = cache.lookup_with(b"k", at, |found| {
+                let (entry, ttl) = match found {
+                    Found::Fresh { entry, ttl, .. } => (entry, ttl),
+                    Found::Stale { entry, ttl } => (entry, ttl),
+                    Found::Miss => panic!("missed at {at:?}"),
+                };
+                // The cache's own reference only: nothing was cloned to lend it.
+                assert_eq!(Arc::strong_count(entry), 1);
+                (matches!(found, Found::Fresh { .. }), entry.ttl(), ttl)
+            });
+            let owned = match cache.lookup(b"k", at) {
+                Lookup::Fresh { entry, ttl, .. } => (true, entry.ttl(), ttl),
+                Lookup::Stale { entry, ttl } => (false, entry.ttl(), ttl),
+                Lookup::Miss => panic!("missed at {at:?}"),
+            };
+            assert_eq!(lent, owned);
+            assert_eq!(lent.0, fresh);
+        }
+        // Past the stale window: a miss, and the entry is gone.
+        let after = t0 + secs(200);
+        assert!(cache.lookup_with(b"k", after, |found| matches!(found, Found::Miss)));
+        assert_eq!(cache.stats().success, 0);
     }
 
     #[test]

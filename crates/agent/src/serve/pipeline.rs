@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::Message;
-use nodedns_cache::{Cache, Entry, Fetched, Joined, Lookup, Stored, Updated};
+use nodedns_cache::{Cache, Class, Entry, Fetched, Found, Joined, Lookup, Stored, Updated};
 use nodedns_wire::{Key, ParseError, Query, Reply, ReplyError, TtlRule, rcode, rtype};
 
 use super::querylog::QueryLog;
@@ -201,11 +201,25 @@ pub(super) fn record(
 /// The rules of a query no block serves: none (only `--query-log` logs it).
 const NO_RULES: &Vec<LogRule> = &Vec::new();
 
+/// What [`answer`] took from the cache: a fresh entry's answer, already written, with the
+/// entry itself only when it is due for a refresh; or a stale entry; or nothing.
+enum Looked {
+    Fresh {
+        class: Class,
+        refresh: Option<Arc<Entry>>,
+    },
+    Stale {
+        entry: Arc<Entry>,
+        ttl: TtlRule,
+    },
+    Miss,
+}
+
 /// Decides what to do with one packet. When it returns [`Front::Answered`] or
 /// [`Front::AnsweredRefresh`], the answer is in `out`.
 ///
 /// Runs for every packet on the listener's own thread: it allocates nothing (after `out` has
-/// grown once) and takes no lock.
+/// grown once) and takes no lock but its key's cache shard's.
 pub fn answer(
     to: &Recorder<'_>,
     snap: &Snapshot,
@@ -302,24 +316,39 @@ pub fn answer(
         }
         return upstream(to, zone, key, labels, client, &query, out);
     };
-    match cache.lookup(key.as_bytes(), now) {
-        Lookup::Fresh {
+    // A fresh entry's answer is written under its shard's lock (`Cache::lookup_with`): the
+    // entry is shared only when it is due for a refresh.
+    let looked = cache.lookup_with(key.as_bytes(), now, |found| match found {
+        Found::Fresh {
             entry,
             ttl,
             prefetch,
         } => {
             entry.reply().write_answer(&query, ttl, limit, out);
+            Looked::Fresh {
+                class: entry.class(),
+                refresh: prefetch.then(|| Arc::clone(entry)),
+            }
+        }
+        Found::Stale { entry, ttl } => Looked::Stale {
+            entry: Arc::clone(entry),
+            ttl,
+        },
+        Found::Miss => Looked::Miss,
+    });
+    match looked {
+        Looked::Fresh { class, refresh } => {
             before_cache(zone, &query, out);
             let answered = Answered {
                 client,
                 query: &query,
                 qname: key.qname(),
-                source: Source::Hit(entry.class()),
+                source: Source::Hit(class),
                 response: out,
                 elapsed: Duration::ZERO,
             };
             record(to, labels, &zone.taps, &zone.server.log, answered);
-            if prefetch {
+            if let Some(entry) = refresh {
                 to.counters.prefetch(labels.series);
                 return Front::AnsweredRefresh(Refresh {
                     zone: zone.clone(),
@@ -333,7 +362,7 @@ pub fn answer(
         // mode, while the upstream is known to be down (RFC 8767 §5: no client waits for a
         // fetch that will fail), and during a failed fetch's recheck period.
         // (A block with plugins after the cache asks them first: see below.)
-        Lookup::Stale { entry, ttl }
+        Looked::Stale { entry, ttl }
             if zone.plugins.is_empty() && stale_at_once(cache, &entry, zone, key.qname(), now) =>
         {
             entry.reply().write_answer(&query, ttl, limit, out);
@@ -357,7 +386,7 @@ pub fn answer(
             Front::Answered
         }
         // The plugins after the cache come before `forward`, so before a stale entry too.
-        Lookup::Stale { .. } | Lookup::Miss if !zone.plugins.is_empty() => {
+        Looked::Stale { .. } | Looked::Miss if !zone.plugins.is_empty() => {
             let at = Chained {
                 to,
                 zone,
@@ -372,7 +401,7 @@ pub fn answer(
             }
         }
         // Otherwise try upstream first; `resolve` falls back to the stale entry if it fails.
-        Lookup::Stale { .. } | Lookup::Miss => upstream(to, zone, key, labels, client, &query, out),
+        Looked::Stale { .. } | Looked::Miss => upstream(to, zone, key, labels, client, &query, out),
     }
 }
 
