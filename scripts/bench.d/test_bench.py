@@ -206,6 +206,17 @@ fi=(2) inlined.rs
         try:
             self.assertEqual(callgrind.self_cost(f.name), {"outer": 150, "inner": 150})
             self.assertEqual(callgrind.totals(f.name), 1000)
+            with self.assertRaises(RuntimeError):
+                callgrind.totals(f.name, "Ge")
+        finally:
+            os.unlink(f.name)
+
+    def test_totals_reads_the_column_of_the_event_asked_for(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".out", delete=False) as f:
+            f.write("events: Ir Ge\nsummary: 1000 7\ntotals: 1000 7\n")
+        try:
+            self.assertEqual(callgrind.totals(f.name), 1000)
+            self.assertEqual(callgrind.totals(f.name, "Ge"), 7)
         finally:
             os.unlink(f.name)
 
