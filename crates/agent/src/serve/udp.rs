@@ -13,7 +13,8 @@
 //! crosses threads (no wake-up of another thread, no context switch on a busy CPU), its
 //! upstream connections are this runtime's (`nodedns_upstream` reuses a connection only on the
 //! runtime that opened it), and its answer joins the others this runtime finished in the same
-//! turn in one `sendmmsg` ([`send`]: the worker's outbox).
+//! turn, and those of the replies that arrived meanwhile, in one `sendmmsg` ([`send`]: the
+//! worker's outbox). A client reading a burst of answers wakes once for it, not once per part.
 //!
 //! How the worker waits for datagrams depends on whether upstream work is pending:
 //! - **Nothing pending** (no task alive on its runtime): a blocking `recvmmsg`, the cheapest wait
@@ -59,7 +60,7 @@ use super::Shared;
 use super::pipeline::{self, Front, Recorder, ReplyTo};
 use super::ratelimit::{Clock, Limiter, Verdict};
 use super::request::{Client, MAX_QUERY, Proto};
-use crate::metrics::Counters;
+use crate::metrics::{Counters, Metrics};
 
 /// Datagrams taken per `recvmmsg` at most.
 const BATCH: usize = 64;
@@ -206,7 +207,7 @@ pub fn run(shared: Arc<Shared>, socket: Arc<UdpSocket>, local: SocketAddr, stop:
         }
     };
     forbid_fragments(&socket, local);
-    OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(shared.clone(), socket.clone())));
+    OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(shared.metrics.clone(), socket.clone())));
     runtime.block_on(serve(&shared, &socket, local, &stop));
     runtime.block_on(drain(DRAIN));
     // Whatever is still in flight now is dropped with the runtime; the waiters it leaves are
@@ -373,10 +374,12 @@ enum Wait {
 }
 
 /// Answers from the tasks of a worker's runtime to its socket, sent together: the first one
-/// queued starts a task, which runs after the tasks already woken in the same turn and sends
-/// what they queued in one `sendmmsg`. One per worker thread.
+/// queued starts a task ([`flush_soon`]), which runs after the tasks already woken in the same
+/// turn and after those that the reactor's next look wakes, and sends what they queued in one
+/// `sendmmsg`. One per worker thread.
 struct Outbox {
-    shared: Arc<Shared>,
+    /// Where a failed send is counted.
+    metrics: Arc<Metrics>,
     /// The worker's socket.
     socket: Arc<UdpSocket>,
     /// The answers queued, and their clients.
@@ -395,9 +398,9 @@ thread_local! {
 }
 
 impl Outbox {
-    fn new(shared: Arc<Shared>, socket: Arc<UdpSocket>) -> Self {
+    fn new(metrics: Arc<Metrics>, socket: Arc<UdpSocket>) -> Self {
         Outbox {
-            shared,
+            metrics,
             socket,
             answers: Vec::new(),
             peers: Vec::new(),
@@ -423,7 +426,7 @@ pub fn send(socket: &UdpSocket, out: Vec<u8>, peer: SocketAddr) -> bool {
         outbox.peers.push(Some(SockaddrStorage::from(peer)));
         if !outbox.flushing {
             outbox.flushing = true;
-            tokio::spawn(async { flush() });
+            tokio::spawn(flush_soon());
         }
         Ok(())
     });
@@ -433,7 +436,16 @@ pub fn send(socket: &UdpSocket, out: Vec<u8>, peer: SocketAddr) -> bool {
     }
 }
 
-/// Sends what this thread's outbox holds (the flush task).
+/// The flush task: lets the runtime look for events once more (`yield_now` is woken after the
+/// reactor's next poll, and after the tasks that poll wakes), then sends what the outbox holds.
+/// So a burst of upstream replies that is still arriving while the first of them are answered
+/// leaves in one `sendmmsg`, not in several: the client wakes once for it, not once per part.
+async fn flush_soon() {
+    tokio::task::yield_now().await;
+    flush();
+}
+
+/// Sends what this thread's outbox holds.
 fn flush() {
     OUTBOX.with(|outbox| {
         let mut outbox = outbox.borrow_mut();
@@ -448,7 +460,7 @@ fn flush() {
         outbox.answers.clear();
         outbox.peers.clear();
         for _ in 0..failed {
-            outbox.shared.metrics.counters().send_failed();
+            outbox.metrics.counters().send_failed();
         }
     });
 }
@@ -738,6 +750,56 @@ mod tests {
             "[::1]:53000",
         ] {
             assert!(!forbidden(&peer.parse().unwrap()), "{peer}");
+        }
+    }
+
+    /// The first answer queued waits for the tasks that the reactor's next look wakes (here, a
+    /// reply that reached an upstream socket meanwhile): the reply's answer leaves with it, in
+    /// one `sendmmsg`, not in one of its own just after.
+    #[test]
+    fn the_outbox_sends_after_the_replies_that_arrived_meanwhile() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let client = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        client.set_nonblocking(true).unwrap();
+        let to = client.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new(&[server.local_addr().unwrap()], true));
+        OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(metrics, server.clone())));
+        let sent_before_the_reply = runtime.block_on(async {
+            let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let upstream_addr = upstream.local_addr().unwrap();
+            let (server_, client_) = (server.clone(), client.clone());
+            let replied = tokio::spawn(async move {
+                upstream.recv(&mut [0; 16]).await.unwrap();
+                let already = client_.recv(&mut [0; 16]).is_ok();
+                assert!(send(&server_, b"second".to_vec(), to));
+                already
+            });
+            let server_ = server.clone();
+            let first = tokio::spawn(async move {
+                let replier = UdpSocket::bind("127.0.0.1:0").unwrap();
+                replier.send_to(b"reply", upstream_addr).unwrap();
+                assert!(send(&server_, b"first".to_vec(), to));
+            });
+            first.await.unwrap();
+            replied.await.unwrap()
+        });
+        OUTBOX.with(|o| *o.borrow_mut() = None);
+        assert!(
+            !sent_before_the_reply,
+            "the first answer left before the reply's task ran"
+        );
+        client.set_nonblocking(false).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0; 16];
+        for expected in [&b"first"[..], b"second"] {
+            let n = client.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], expected);
         }
     }
 
