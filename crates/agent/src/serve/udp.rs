@@ -436,12 +436,20 @@ pub fn send(socket: &UdpSocket, out: Vec<u8>, peer: SocketAddr) -> bool {
     }
 }
 
-/// The flush task: lets the runtime look for events once more (`yield_now` is woken after the
-/// reactor's next poll, and after the tasks that poll wakes), then sends what the outbox holds.
-/// So a burst of upstream replies that is still arriving while the first of them are answered
-/// leaves in one `sendmmsg`, not in several: the client wakes once for it, not once per part.
+/// The flush task: while other tasks are alive (misses in flight, whose replies may be arriving
+/// now), lets the runtime look for events once more (`yield_now` is woken after the reactor's
+/// next poll, and after the tasks that poll wakes), then sends what the outbox holds. So a burst
+/// of upstream replies that is still arriving while the first of them are answered leaves in one
+/// `sendmmsg`, not in several: the client wakes once for it, not once per part. The last answer
+/// pending leaves at once.
 async fn flush_soon() {
-    tokio::task::yield_now().await;
+    if tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+        > 1
+    {
+        tokio::task::yield_now().await;
+    }
     flush();
 }
 
