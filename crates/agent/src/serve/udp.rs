@@ -811,6 +811,32 @@ mod tests {
         }
     }
 
+    /// With nothing else alive on the runtime (no miss in flight), the answer queued leaves in
+    /// the flush task's first run, before the runtime looks for events again.
+    #[test]
+    fn the_last_answer_pending_leaves_at_once() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.set_nonblocking(true).unwrap();
+        let to = client.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new(&[server.local_addr().unwrap()], true));
+        OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(metrics, server.clone())));
+        let mut buf = [0; 16];
+        let received = runtime.block_on(async {
+            assert!(send(&server, b"only".to_vec(), to));
+            // Woken after the runtime's next look for events: the flush task has run by then.
+            tokio::task::yield_now().await;
+            client.recv(&mut buf)
+        });
+        OUTBOX.with(|o| *o.borrow_mut() = None);
+        let n = received.expect("the answer should have left before the runtime looked for events");
+        assert_eq!(&buf[..n], b"only");
+    }
+
     #[test]
     fn recycle_keeps_the_allocation() {
         let empty: Vec<[IoSlice<'static>; 1]> = Vec::with_capacity(BATCH);
