@@ -761,11 +761,9 @@ mod tests {
         }
     }
 
-    /// The first answer queued waits for the tasks that the reactor's next look wakes (here, a
-    /// reply that reached an upstream socket meanwhile): the reply's answer leaves with it, in
-    /// one `sendmmsg`, not in one of its own just after.
-    #[test]
-    fn the_outbox_sends_after_the_replies_that_arrived_meanwhile() {
+    /// A worker's runtime, its socket with this thread's outbox, and a client socket that
+    /// reads without blocking.
+    fn worker_with_outbox() -> (tokio::runtime::Runtime, Arc<UdpSocket>, Arc<UdpSocket>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -773,9 +771,18 @@ mod tests {
         let server = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
         let client = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
         client.set_nonblocking(true).unwrap();
-        let to = client.local_addr().unwrap();
         let metrics = Arc::new(Metrics::new(&[server.local_addr().unwrap()], true));
         OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(metrics, server.clone())));
+        (runtime, server, client)
+    }
+
+    /// The first answer queued waits for the tasks that the reactor's next look wakes (here, a
+    /// reply that reached an upstream socket meanwhile): the reply's answer leaves with it, in
+    /// one `sendmmsg`, not in one of its own just after.
+    #[test]
+    fn the_outbox_sends_after_the_replies_that_arrived_meanwhile() {
+        let (runtime, server, client) = worker_with_outbox();
+        let to = client.local_addr().unwrap();
         let sent_before_the_reply = runtime.block_on(async {
             let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
             let upstream_addr = upstream.local_addr().unwrap();
@@ -815,16 +822,8 @@ mod tests {
     /// the flush task's first run, before the runtime looks for events again.
     #[test]
     fn the_last_answer_pending_leaves_at_once() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let server = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
-        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-        client.set_nonblocking(true).unwrap();
+        let (runtime, server, client) = worker_with_outbox();
         let to = client.local_addr().unwrap();
-        let metrics = Arc::new(Metrics::new(&[server.local_addr().unwrap()], true));
-        OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(metrics, server.clone())));
         let mut buf = [0; 16];
         let received = runtime.block_on(async {
             assert!(send(&server, b"only".to_vec(), to));
