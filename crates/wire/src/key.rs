@@ -27,6 +27,49 @@ pub struct Key {
     buf: [u8; KEY_CAP],
 }
 
+/// Writes `name` lowercased at the start of `buf`, eight bytes at a time. `name` is at most
+/// [`crate::MAX_NAME_LEN`] bytes (a longer one is cut).
+///
+/// RFC 4343 §3: names compare case-insensitively in ASCII only. Length bytes (≤ 63) are below
+/// `b'A'`, so lowercasing a whole wire name touches label text only.
+#[inline(always)]
+fn lowercase_name(buf: &mut [u8; KEY_CAP], name: &[u8]) {
+    let name = name.get(..crate::MAX_NAME_LEN).unwrap_or(name);
+    for (to, word) in buf.chunks_exact_mut(8).zip(name.chunks_exact(8)) {
+        if let Ok(word) = <[u8; 8]>::try_from(word) {
+            to.copy_from_slice(&lowercase_word(word));
+        }
+    }
+    // The last bytes (fewer than eight): the name's last eight bytes, overlapping the word
+    // before (lowercasing twice changes nothing); a name shorter than a word, a byte at a time.
+    let to = buf
+        .get_mut(..name.len())
+        .and_then(|b| b.last_chunk_mut::<8>());
+    match (name.last_chunk::<8>(), to) {
+        (Some(&word), Some(to)) => *to = lowercase_word(word),
+        _ => {
+            for (to, from) in buf.iter_mut().zip(name) {
+                *to = from.to_ascii_lowercase();
+            }
+        }
+    }
+}
+
+/// Eight bytes lowercased at once: each byte from `b'A'` to `b'Z'` gets its 0x20 bit. Per byte,
+/// with the top bit cleared, adding 0x80 - `b'A'` sets the top bit exactly when the byte is at
+/// least `b'A'`, and adding 0x80 - (`b'Z'` + 1) exactly when it is above `b'Z'`; neither sum
+/// carries into the next byte (0x7F + 0x3F < 0x100). Bytes with their top bit set are left alone.
+fn lowercase_word(bytes: [u8; 8]) -> [u8; 8] {
+    const LOW7: u64 = u64::from_ne_bytes([0x7F; 8]);
+    const TOP: u64 = u64::from_ne_bytes([0x80; 8]);
+    let word = u64::from_ne_bytes(bytes);
+    let low = word & LOW7;
+    let at_least_a = low + u64::from_ne_bytes([0x80 - b'A'; 8]);
+    let above_z = low + u64::from_ne_bytes([0x80 - b'Z' - 1; 8]);
+    let upper = (at_least_a ^ above_z) & !word & TOP;
+    (word | (upper >> 2)).to_ne_bytes()
+}
+
 /// The key's flags byte.
 pub(crate) fn flag_bits(dnssec_ok: bool, checking_disabled: bool) -> u8 {
     (if dnssec_ok { KEY_DO } else { 0 }) | (if checking_disabled { KEY_CD } else { 0 })
@@ -58,23 +101,23 @@ impl Key {
     /// of at most 255 bytes (as [`crate::Query::qname`] returns); a longer one is cut, never a
     /// panic.
     pub(crate) fn from_parts(qname: &[u8], qtype: u16, qclass: u16, flag_bits: u8) -> Key {
-        let mut buf = [0u8; KEY_CAP];
+        let mut key = Key::default();
+        key.set(qname, qtype, qclass, flag_bits);
+        key
+    }
+
+    /// Makes this the key of a question's parts, as [`Key::from_parts`] builds it, in place: a
+    /// key is 262 bytes, and one returned by value is copied, a `memcpy` on every cache hit.
+    #[inline(always)]
+    pub(crate) fn set(&mut self, qname: &[u8], qtype: u16, qclass: u16, flag_bits: u8) {
         let name_len = qname.len().min(crate::MAX_NAME_LEN);
-        let (name, rest) = buf.split_at_mut(name_len);
-        // RFC 4343 §3: names compare case-insensitively in ASCII only. Length bytes (≤ 63) are
-        // below b'A', so lowercasing the whole wire name touches label text only.
-        for (to, from) in name.iter_mut().zip(qname) {
-            *to = from.to_ascii_lowercase();
-        }
+        // At most KEY_CAP (260) bytes.
+        self.len = (name_len + 5) as u16;
+        lowercase_name(&mut self.buf, qname);
         let [t0, t1] = qtype.to_be_bytes();
         let [c0, c1] = qclass.to_be_bytes();
-        if let Some(tail) = rest.get_mut(..5) {
+        if let Some(tail) = self.buf.get_mut(name_len..name_len + 5) {
             tail.copy_from_slice(&[t0, t1, c0, c1, flag_bits]);
-        }
-        Key {
-            // At most KEY_CAP (260) bytes.
-            len: (name_len + 5) as u16,
-            buf,
         }
     }
 
@@ -122,6 +165,16 @@ impl Key {
 
     fn flag_bits(&self) -> u8 {
         self.as_bytes().last().copied().unwrap_or(0)
+    }
+}
+
+/// The empty key (no name): what [`crate::Query::key_into`] overwrites.
+impl Default for Key {
+    fn default() -> Key {
+        Key {
+            len: 0,
+            buf: [0; KEY_CAP],
+        }
     }
 }
 
@@ -250,6 +303,25 @@ mod tests {
 
     use super::*;
     use crate::testutil::{decode, name};
+
+    #[test]
+    fn the_key_lowercases_every_byte_as_the_byte_at_a_time_rule_does() {
+        for len in 1..=20 {
+            for b in 0..=u8::MAX {
+                for at in 0..len {
+                    let mut qname: Vec<u8> = (0..len as u8).map(|i| b'@' + i).collect();
+                    qname[at] = b;
+                    let key = Key::from_parts(&qname, 0x4142, 0x4344, 3);
+                    let mut expected: Vec<u8> = qname.iter().map(u8::to_ascii_lowercase).collect();
+                    expected.extend_from_slice(&[0x41, 0x42, 0x43, 0x44, 3]);
+                    assert_eq!(key.as_bytes(), &expected[..], "len {len}, {b:#04x} at {at}");
+                }
+            }
+        }
+        let longest = [b'A'; crate::MAX_NAME_LEN];
+        let key = Key::from_parts(&longest, 1, 1, 0);
+        assert_eq!(key.qname(), &[b'a'; crate::MAX_NAME_LEN][..]);
+    }
 
     fn key(qname: &[u8], flag_bits: u8) -> Key {
         Key::from_parts(qname, rtype_a(), 1, flag_bits)

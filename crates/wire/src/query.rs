@@ -244,12 +244,21 @@ impl<'a> Query<'a> {
 
     /// The cache key for this query.
     pub fn key(&self) -> Key {
-        Key::from_parts(
+        let mut key = Key::default();
+        self.key_into(&mut key);
+        key
+    }
+
+    /// Makes `key` this query's cache key (what [`Query::key`] returns), without building a
+    /// new one.
+    #[inline(always)]
+    pub fn key_into(&self, key: &mut Key) {
+        key.set(
             self.qname(),
             self.qtype(),
             self.qclass(),
             key::flag_bits(self.dnssec_ok(), self.cd()),
-        )
+        );
     }
 
     /// The opcode (RFC 1035 §4.1.1); always 0 (QUERY) for a parsed query.

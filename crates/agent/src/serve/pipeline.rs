@@ -233,7 +233,9 @@ pub fn answer(
         Ok(query) => query,
         Err(err) => return malformed(to.counters, packet, err, out),
     };
-    let key = query.key();
+    // Filled in place: a key is 262 bytes, and one returned by value is copied.
+    let mut key = Key::default();
+    query.key_into(&mut key);
     let limit = match client.proto {
         Proto::Udp => query.udp_limit(),
         Proto::Tcp => TCP_LIMIT,
