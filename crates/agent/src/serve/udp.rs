@@ -528,11 +528,14 @@ struct Worker {
     outbuf: Vec<Vec<u8>>,
     recv_headers: MultiHeaders<SockaddrStorage>,
     send_headers: MultiHeaders<SockaddrStorage>,
-    /// (length, peer) of each datagram of the current batch.
-    received: Vec<(usize, Option<SockaddrStorage>)>,
+    /// Length of each datagram of the current batch.
+    received: Vec<usize>,
+    /// Peer of each datagram of the current batch.
+    sources: Vec<Option<SockaddrStorage>>,
     /// Slot of each answer of the current batch.
     answers: Vec<usize>,
-    /// Peers of the answers, in order (what `sendmmsg` takes).
+    /// Peers of the answers, in order (what `sendmmsg` takes), when some datagram of the batch
+    /// got no answer; otherwise `sources` is that list.
     peers: Vec<Option<SockaddrStorage>>,
     send_iovs: Vec<[IoSlice<'static>; 1]>,
     /// Datagrams asked of the next `recvmmsg`: twice the last batch, so a lightly loaded worker
@@ -563,6 +566,7 @@ impl Worker {
             recv_headers: MultiHeaders::preallocate(BATCH, None),
             send_headers: MultiHeaders::preallocate(BATCH, None),
             received: Vec::with_capacity(BATCH),
+            sources: Vec::with_capacity(BATCH),
             answers: Vec::with_capacity(BATCH),
             peers: Vec::with_capacity(BATCH),
             send_iovs: Vec::with_capacity(BATCH),
@@ -597,7 +601,7 @@ impl Worker {
         let clock = self.clock.read(&shared.udp_limit, now);
         let snap = shared.snapshot.load();
         self.answers.clear();
-        for (slot, &(len, peer)) in self.received.iter().enumerate() {
+        for (slot, (&len, peer)) in self.received.iter().zip(&self.sources).enumerate() {
             let Some(peer_addr) = peer.as_ref().and_then(to_socket_addr) else {
                 continue;
             };
@@ -651,6 +655,7 @@ impl Worker {
     /// (`N` = [`MIN_WANT`]) does not pay for a full batch.
     fn receive<const N: usize>(&mut self, fd: i32, flags: MsgFlags) -> Result<(), Errno> {
         self.received.clear();
+        self.sources.clear();
         let mut bufs = self.inbuf.iter_mut();
         let mut iovs: [[IoSliceMut<'_>; 1]; N] = std::array::from_fn(|_| {
             [IoSliceMut::new(
@@ -665,7 +670,8 @@ impl Worker {
             } else {
                 msg.bytes
             };
-            self.received.push((len, msg.address));
+            self.received.push(len);
+            self.sources.push(msg.address);
         }
         Ok(())
     }
@@ -673,23 +679,30 @@ impl Worker {
     fn send_answers(&mut self, socket: &UdpSocket, counters: &Counters) {
         if let [slot] = self.answers[..] {
             // One answer (the common case below saturation): a plain sendto.
-            if let Some(peer) = &self.received[slot].1 {
+            if let Some(peer) = &self.sources[slot] {
                 if send_one(socket, &self.outbuf[slot], peer, MsgFlags::empty()).is_err() {
                     counters.send_failed();
                 }
             }
             return;
         }
-        self.peers.clear();
-        self.peers
-            .extend(self.answers.iter().map(|&slot| self.received[slot].1));
+        // Answers go in the order of their slots, so as many answers as datagrams means every
+        // datagram has one, and the batch's sources are their peers as they are.
+        let peers = if self.answers.len() == self.sources.len() {
+            &self.sources
+        } else {
+            self.peers.clear();
+            self.peers
+                .extend(self.answers.iter().map(|&slot| self.sources[slot]));
+            &self.peers
+        };
         let mut iovs = recycle(std::mem::take(&mut self.send_iovs));
         iovs.extend(
             self.answers
                 .iter()
                 .map(|&slot| [IoSlice::new(&self.outbuf[slot])]),
         );
-        for _ in 0..send_all(socket, &mut self.send_headers, &iovs, &self.peers) {
+        for _ in 0..send_all(socket, &mut self.send_headers, &iovs, peers) {
             counters.send_failed();
         }
         self.send_iovs = recycle(iovs);
@@ -834,6 +847,52 @@ mod tests {
         OUTBOX.with(|o| *o.borrow_mut() = None);
         let n = received.expect("the answer should have left before the runtime looked for events");
         assert_eq!(&buf[..n], b"only");
+    }
+
+    /// Each answer of a batch goes to the peer of its own datagram: when every datagram has an
+    /// answer (the batch's sources are sent as they are) and when some have none.
+    #[test]
+    fn each_answer_of_a_batch_goes_to_the_peer_its_datagram_came_from() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let clients: Vec<UdpSocket> = (0..3)
+            .map(|_| {
+                let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                c
+            })
+            .collect();
+        let metrics = Metrics::new(&[server.local_addr().unwrap()], true);
+        let mut worker = Worker::new(&Limiter::new(super::super::ratelimit::Settings::default()));
+        for answered in [vec![0, 1, 2], vec![0, 2], vec![1]] {
+            worker.received.clear();
+            worker.sources.clear();
+            worker.answers.clear();
+            for (slot, client) in clients.iter().enumerate() {
+                worker.received.push(12);
+                let peer = SockaddrStorage::from(client.local_addr().unwrap());
+                worker.sources.push(Some(peer));
+                worker.outbuf[slot] = vec![slot as u8; 12];
+            }
+            worker.answers.extend(&answered);
+            worker.send_answers(&server, metrics.counters());
+            for (slot, client) in clients.iter().enumerate() {
+                if !answered.contains(&slot) {
+                    continue;
+                }
+                let mut buf = [0; 64];
+                let n = client.recv(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &[slot as u8; 12], "answers {answered:?}");
+            }
+            for client in &clients {
+                client.set_nonblocking(true).unwrap();
+                let mut buf = [0; 64];
+                assert!(
+                    client.recv(&mut buf).is_err(),
+                    "answers {answered:?}: one too many"
+                );
+                client.set_nonblocking(false).unwrap();
+            }
+        }
     }
 
     #[test]
