@@ -167,6 +167,7 @@ impl Router {
     /// arriving at `local`; `None` when no block listening there serves the name, or the name
     /// is malformed below a zone other than the root (every name is under the root, and the
     /// parser has checked its labels: the root zone matches without walking them).
+    #[inline]
     pub fn route(&self, qname: &[u8], local: SocketAddr) -> Option<Route> {
         // The longest zone wins. Zone lists are short (node-local-dns has four blocks of one zone
         // each): the candidates are tried longest first, each compared with the name's tail, the
@@ -184,6 +185,7 @@ impl Router {
     }
 
     /// The route of `qname` to the first of `candidates` whose zone holds it.
+    #[inline]
     fn first<'a>(
         &self,
         qname: &[u8],
@@ -223,6 +225,7 @@ fn is_under(name: &[u8], zone: &[u8]) -> Option<bool> {
 }
 
 /// [`is_under`] for the router: the root zone (`[0]`) holds every name without a walk.
+#[inline]
 fn routes_to(name: &[u8], zone: &[u8]) -> Option<bool> {
     if *zone == [0] {
         return Some(!name.is_empty());
