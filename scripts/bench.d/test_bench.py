@@ -220,6 +220,20 @@ fi=(2) inlined.rs
         finally:
             os.unlink(f.name)
 
+    def test_dnsperf_counts_reads_the_queries_answered_and_lost(self):
+        report = """\
+Statistics:
+
+  Queries sent:         50013
+  Queries completed:    50011 (100.00%)
+  Queries lost:         2 (0.00%)
+
+  Response codes:       NOERROR 22802 (45.59%), NXDOMAIN 27209 (54.41%)
+"""
+        self.assertEqual(callgrind.dnsperf_counts(report), (50011, 2))
+        with self.assertRaises(RuntimeError):
+            callgrind.dnsperf_counts("dnsperf: cannot open file")
+
 
 class CallgrindMiss(unittest.TestCase):
     STRACE = """\
