@@ -27,14 +27,13 @@ pub struct Key {
     buf: [u8; KEY_CAP],
 }
 
-/// Writes `name` lowercased at the start of `buf`, eight bytes at a time. `name` is at most
-/// [`crate::MAX_NAME_LEN`] bytes (a longer one is cut).
+/// Writes `name` (at most [`crate::MAX_NAME_LEN`] bytes) lowercased at the start of `buf`, eight
+/// bytes at a time.
 ///
 /// RFC 4343 §3: names compare case-insensitively in ASCII only. Length bytes (≤ 63) are below
 /// `b'A'`, so lowercasing a whole wire name touches label text only.
 #[inline(always)]
 fn lowercase_name(buf: &mut [u8; KEY_CAP], name: &[u8]) {
-    let name = name.get(..crate::MAX_NAME_LEN).unwrap_or(name);
     for (to, word) in buf.chunks_exact_mut(8).zip(name.chunks_exact(8)) {
         if let Ok(word) = <[u8; 8]>::try_from(word) {
             to.copy_from_slice(&lowercase_word(word));
@@ -110,10 +109,11 @@ impl Key {
     /// key is 262 bytes, and one returned by value is copied, a `memcpy` on every cache hit.
     #[inline(always)]
     pub(crate) fn set(&mut self, qname: &[u8], qtype: u16, qclass: u16, flag_bits: u8) {
-        let name_len = qname.len().min(crate::MAX_NAME_LEN);
+        let name = qname.get(..crate::MAX_NAME_LEN).unwrap_or(qname);
+        let name_len = name.len();
         // At most KEY_CAP (260) bytes.
         self.len = (name_len + 5) as u16;
-        lowercase_name(&mut self.buf, qname);
+        lowercase_name(&mut self.buf, name);
         let [t0, t1] = qtype.to_be_bytes();
         let [c0, c1] = qclass.to_be_bytes();
         if let Some(tail) = self.buf.get_mut(name_len..name_len + 5) {
