@@ -130,6 +130,7 @@ impl Knot {
 
     fn wait_answering(&mut self, options: &Options) -> anyhow::Result<()> {
         let listen = self.listen.clone();
+        let socket = self.socket.clone();
         let process = &mut self.process;
         wait_until(
             "knotd",
@@ -139,12 +140,16 @@ impl Knot {
                 None => Ok(()),
             },
             || {
-                listen.iter().all(|addr| {
-                    options
-                        .zones
-                        .iter()
-                        .all(|zone| answers_soa(options.netns.as_deref(), *addr, &zone.origin))
-                })
+                // knotd binds its control socket once its server has started. A query sent
+                // before then can go unanswered (knotd 3.2 in a fresh network namespace: the
+                // first query is lost), and kdig waits a second at least before it gives up.
+                socket.exists()
+                    && listen.iter().all(|addr| {
+                        options
+                            .zones
+                            .iter()
+                            .all(|zone| answers_soa(options.netns.as_deref(), *addr, &zone.origin))
+                    })
             },
         )
     }
