@@ -7,40 +7,73 @@
 # the pipeline behind it). docs/reliability.md says how the hour-long runs that grew the seeds
 # were made.
 #
-#   ci/fuzz.sh [SECONDS]
+#   ci/fuzz.sh [SECONDS]    # build, then run the targets, one per CPU at a time
+#   ci/fuzz.sh --build      # build every target only
 #
 # Needs cargo-fuzz (installed if missing) and a C++ compiler for libFuzzer. cargo-fuzz passes
 # nightly-only flags (-Zsanitizer=address, sancov); RUSTC_BOOTSTRAP=1 lets the stable toolchain
 # accept them.
 set -euo pipefail
 
-seconds="${1:-20}"
+build_only=0
+seconds=20
+case "${1:-}" in
+    --build) build_only=1 ;;
+    '') ;;
+    *[!0-9]* | 0) echo "ci/fuzz.sh: SECONDS must be a positive whole number, or --build: $1" >&2; exit 64 ;;
+    *) seconds="$1" ;;
+esac
 cd "$(dirname "$0")/.."
 root="$PWD"
+projects=(crates/wire/fuzz crates/agent/fuzz)
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 export RUSTC_BOOTSTRAP=1
 
-failed=()
-for project in crates/wire/fuzz crates/agent/fuzz; do
+for project in "${projects[@]}"; do
+    echo "== building $project"
+    (cd "$root/$project" && cargo fuzz build)
+done
+if [ "$build_only" = 1 ]; then
+    exit 0
+fi
+
+# A target's output goes to its own log, printed once every target has run; a crash is recorded
+# in failed.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+run() {
+    local project="$1" target="$2" log="$logs/${1//\//_}.$2.log"
     cd "$root/$project"
-    for target in $(cargo fuzz list); do
-        mkdir -p "corpus/$target"
-        echo "== fuzzing $project $target for ${seconds}s"
-        # New inputs go to corpus/ (not committed); the committed seeds/ and grown/ (what the
-        # hour-long runs found, minimised) are only read.
-        mkdir -p "grown/$target"
-        if ! cargo fuzz run "$target" "corpus/$target" "seeds/$target" "grown/$target" -- \
-            -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1; then
-            failed+=("$project/$target")
-        fi
+    # New inputs go to corpus/ (not committed); the committed seeds/ and grown/ (what the
+    # hour-long runs found, minimised) are only read.
+    mkdir -p "corpus/$target" "grown/$target"
+    if ! cargo fuzz run "$target" "corpus/$target" "seeds/$target" "grown/$target" -- \
+        -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+        >"$log" 2>&1; then
+        echo "$project/$target" >>"$logs/failed"
+    fi
+}
+
+echo "== fuzzing every target for ${seconds}s, $(nproc) at a time"
+order=()
+for project in "${projects[@]}"; do
+    for target in $(cd "$root/$project" && cargo fuzz list); do
+        while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+        order+=("${project//\//_}.$target")
+        run "$project" "$target" &
     done
 done
+wait
+for name in "${order[@]}"; do
+    echo "== $name"
+    cat "$logs/$name.log"
+done
 
-if ((${#failed[@]})); then
-    echo "fuzz: crash in ${failed[*]} (see <project>/artifacts/<target>/)" >&2
+if [ -s "$logs/failed" ]; then
+    echo "fuzz: crash in $(tr '\n' ' ' <"$logs/failed")(see <project>/artifacts/<target>/)" >&2
     exit 1
 fi
 echo "fuzz: every target ran ${seconds}s without a crash"
