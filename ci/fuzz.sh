@@ -11,8 +11,12 @@
 #   ci/fuzz.sh --build      # build every target only
 #
 # Needs cargo-fuzz (installed if missing) and a C++ compiler for libFuzzer. cargo-fuzz passes
-# nightly-only flags (-Zsanitizer=address, sancov); RUSTC_BOOTSTRAP=1 lets the stable toolchain
-# accept them.
+# nightly-only flags (sancov); RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
+#
+# These brief runs build without AddressSanitizer (`--sanitizer none`): the workspace denies
+# `unsafe`, and its one exception (serve/udp.rs) is not reached by any target, so ASan would
+# watch only the dependencies and std, at two fifths more build time (the agent's project: 5 min
+# 38 s against 4 min 2 s). A crash is still a panic, an abort, a time-out or the RSS limit.
 set -euo pipefail
 
 build_only=0
@@ -34,7 +38,7 @@ export RUSTC_BOOTSTRAP=1
 
 for project in "${projects[@]}"; do
     echo "== building $project"
-    (cd "$root/$project" && cargo fuzz build)
+    (cd "$root/$project" && cargo fuzz build --sanitizer none)
 done
 if [ "$build_only" = 1 ]; then
     exit 0
@@ -50,7 +54,7 @@ run() {
     # New inputs go to corpus/ (not committed); the committed seeds/ and grown/ (what the
     # hour-long runs found, minimised) are only read.
     mkdir -p "corpus/$target" "grown/$target"
-    if ! cargo fuzz run "$target" "corpus/$target" "seeds/$target" "grown/$target" -- \
+    if ! cargo fuzz run --sanitizer none "$target" "corpus/$target" "seeds/$target" "grown/$target" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
         >"$log" 2>&1; then
         echo "$project/$target" >>"$logs/failed"
