@@ -49,7 +49,7 @@ fi
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
 run() {
-    local project="$1" target="$2" log="$logs/${1//\//_}.$2.log"
+    local project="$1" target="$2" log="$3"
     cd "$root/$project"
     # New inputs go to corpus/ (not committed); the committed seeds/ and grown/ (what the
     # hour-long runs found, minimised) are only read.
@@ -61,13 +61,15 @@ run() {
     fi
 }
 
-echo "== fuzzing every target for ${seconds}s, $(nproc) at a time"
+at_once="$(nproc)"
+echo "== fuzzing every target for ${seconds}s, $at_once at a time"
 order=()
 for project in "${projects[@]}"; do
     for target in $(cd "$root/$project" && cargo fuzz list); do
-        while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
-        order+=("${project//\//_}.$target")
-        run "$project" "$target" &
+        while [ "$(jobs -rp | wc -l)" -ge "$at_once" ]; do wait -n || true; done
+        name="${project//\//_}.$target"
+        order+=("$name")
+        run "$project" "$target" "$logs/$name.log" &
     done
 done
 wait
