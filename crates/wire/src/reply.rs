@@ -10,14 +10,19 @@ use crate::{HEADER_LEN, MAX_MESSAGE_LEN, Query, flags, rtype};
 /// Holds the reply's bytes with the OPT record removed (OPT is hop-by-hop: RFC 6891 §6.1.1; the
 /// answer to each client gets its own) and the offset of every TTL field, so a hit is a copy plus
 /// a few patches, never a decode.
+///
+/// Both live in one allocation, the message first and the TTL index after it: a reply costs
+/// its miss one allocation of its exact size, and its eviction one free.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    bytes: Box<[u8]>,
-    /// Offsets of the 32-bit TTL field of every record in the answer, authority and additional
-    /// sections, in message order (OPT excluded: its TTL field holds flags, not a TTL). Each is
+    /// The message (`..len`), then the TTL index (`len..`): the offset of the 32-bit TTL field
+    /// of every record in the answer, authority and additional sections, in message order (OPT
+    /// excluded: its TTL field holds flags, not a TTL), each a native-endian `u16`. Each offset is
     /// also where the record's end is found (RDLENGTH follows the TTL), which is all truncation
     /// needs.
-    ttls: Box<[u16]>,
+    data: Box<[u8]>,
+    /// The message's length.
+    len: u16,
     /// Offset just past the question: `bytes[12..question_end]` is overwritten with the
     /// client's question on every hit.
     question_end: u16,
@@ -241,20 +246,26 @@ impl Reply {
         }
 
         let header_rcode = flags & flags::RCODE_MASK;
-        let (stored, rcode) = match opt {
-            Some((start, record)) => {
-                let mut stored = bytes.get(..start).unwrap_or_default().to_vec();
-                // The OPT is not stored (RFC 6891 §6.1.1: "OPT RRs MUST NOT be cached").
-                set16(&mut stored, header::ARCOUNT, arcount.saturating_sub(1));
+        // The OPT is not stored (RFC 6891 §6.1.1: "OPT RRs MUST NOT be cached").
+        let len = opt.map_or(bytes.len(), |(start, _)| start);
+        let mut data = Vec::with_capacity(len + 2 * ttls.len());
+        data.extend_from_slice(bytes.get(..len).unwrap_or_default());
+        let rcode = match opt {
+            Some((_, record)) => {
+                set16(&mut data, header::ARCOUNT, arcount.saturating_sub(1));
                 // RFC 6891 §6.1.3: EXTENDED-RCODE holds the upper 8 bits of a 12-bit RCODE.
                 let extended = (record.ttl >> 24) as u16;
-                (stored, extended << 4 | header_rcode)
+                extended << 4 | header_rcode
             }
-            None => (bytes.to_vec(), header_rcode),
+            None => header_rcode,
         };
+        for at in &ttls {
+            data.extend_from_slice(&at.to_ne_bytes());
+        }
         Ok(Reply {
-            bytes: stored.into_boxed_slice(),
-            ttls: ttls.into_boxed_slice(),
+            // Of its exact size: no reallocation.
+            data: data.into_boxed_slice(),
+            len: u16::try_from(len).map_err(|_| ReplyError::TooLarge)?,
             question_end: u16::try_from(question_end).map_err(|_| ReplyError::TooLarge)?,
             info: Info {
                 rcode,
@@ -273,20 +284,34 @@ impl Reply {
 
     /// The stored bytes (OPT removed). Also what the cache weighs an entry by.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        self.parts().0
+    }
+
+    /// The message, and the TTL index: two bytes, a native-endian offset, per record.
+    #[inline(always)]
+    fn parts(&self) -> (&[u8], &[u8]) {
+        self.data
+            .split_at_checked(usize::from(self.len))
+            .unwrap_or((&self.data, &[]))
+    }
+
+    /// The offset of the `i`th record's TTL field.
+    fn ttl_at(&self, i: usize) -> Option<u16> {
+        let at = self.parts().1.get(2 * i..2 * i + 2)?;
+        Some(u16::from_ne_bytes([at[0], at[1]]))
     }
 
     /// The stored question: bytes from offset 12 to the end of the question (name, type,
     /// class), as upstream sent them.
     pub fn question(&self) -> &[u8] {
-        self.bytes
+        self.bytes()
             .get(HEADER_LEN..usize::from(self.question_end))
             .unwrap_or_default()
     }
 
     /// Bytes this reply holds on the heap (message plus TTL index), for the cache's weigher.
     pub fn heap_size(&self) -> usize {
-        self.bytes.len() + self.ttls.len() * 2
+        self.data.len()
     }
 
     /// Writes the answer to `query`, served from the cache, into `out` (cleared first): the
@@ -329,13 +354,14 @@ impl Reply {
         let mut edns = query.edns();
         let mut opt_len = if edns.is_some() { OPT_LEN } else { 0 };
         let question_end = usize::from(self.question_end);
+        let (bytes, index) = self.parts();
         // The client's question replaces ours only if it is the same up to case, as it is when
         // the keys match. Anything else is a caller bug; then our own question is kept, so
         // compression pointers into it stay valid and no offset moves.
-        let ours = self.bytes.get(HEADER_LEN..question_end).unwrap_or_default();
+        let ours = bytes.get(HEADER_LEN..question_end).unwrap_or_default();
         let client_question = Some(query.question()).filter(|q| questions_match(q, ours));
-        let mut full = self.bytes.len() + opt_len <= limit;
-        if !full && opt_len != 0 && limit >= MAX_MESSAGE_LEN && self.bytes.len() <= limit {
+        let mut full = bytes.len() + opt_len <= limit;
+        if !full && opt_len != 0 && limit >= MAX_MESSAGE_LEN && bytes.len() <= limit {
             // A TCP answer (RFC 1035 §4.2.2: 65535 bytes at most) with no room for our OPT: the
             // upstream's reply had none (stripped, its OPT would have left room for ours), so it
             // goes out whole as the upstream sent it, without one. Cut with TC, it would leave
@@ -343,12 +369,12 @@ impl Reply {
             (edns, opt_len, full) = (None, 0, true);
         }
         let (kept, body_end) = if full {
-            (self.ttls.len(), self.bytes.len())
+            (index.len() / 2, bytes.len())
         } else {
             self.fitting(limit.saturating_sub(opt_len))
         };
         out.reserve(body_end + opt_len);
-        out.extend_from_slice(self.bytes.get(..body_end).unwrap_or_default());
+        out.extend_from_slice(bytes.get(..body_end).unwrap_or_default());
 
         set16(out, header::ID, query.id());
         let stored_flags = get16(out, header::FLAGS).unwrap_or(0);
@@ -363,7 +389,7 @@ impl Reply {
             flags |= flags::TC;
             let ancount = usize::from(self.info.answers).min(kept);
             let nscount =
-                usize::from(get16(&self.bytes, header::NSCOUNT).unwrap_or(0)).min(kept - ancount);
+                usize::from(get16(bytes, header::NSCOUNT).unwrap_or(0)).min(kept - ancount);
             // Each is at most the stored count, a u16.
             let count = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
             set16(out, header::ANCOUNT, count(ancount));
@@ -377,7 +403,7 @@ impl Reply {
             // 0x20 case randomization: the client checks its name comes back exactly as sent.
             ours.copy_from_slice(question);
         }
-        let ttls = self.ttls.get(..kept).unwrap_or_default();
+        let ttls = index.get(..2 * kept).unwrap_or_default();
         if ttl.floor == 0 {
             // Every fresh answer: the floor would be one more operation per record on the hit
             // path, for nothing.
@@ -400,12 +426,25 @@ impl Reply {
     /// ends (the end of the question when none does). Records are contiguous and in order, so
     /// their ends rise with their TTL offsets: a binary search over the TTL index.
     fn fitting(&self, budget: usize) -> (usize, usize) {
-        let fits = |at: &u16| self.record_end(*at).is_some_and(|end| end <= budget);
-        let kept = self.ttls.partition_point(fits);
+        let fits = |i: usize| {
+            self.ttl_at(i)
+                .and_then(|at| self.record_end(at))
+                .is_some_and(|end| end <= budget)
+        };
+        // The first record that does not fit: `fits` holds for a prefix of the records.
+        let (mut kept, mut beyond) = (0, self.parts().1.len() / 2);
+        while kept < beyond {
+            let mid = kept + (beyond - kept) / 2;
+            if fits(mid) {
+                kept = mid + 1;
+            } else {
+                beyond = mid;
+            }
+        }
         let end = kept
             .checked_sub(1)
-            .and_then(|last| self.ttls.get(last))
-            .and_then(|&at| self.record_end(at))
+            .and_then(|last| self.ttl_at(last))
+            .and_then(|at| self.record_end(at))
             .unwrap_or(usize::from(self.question_end));
         (kept, end)
     }
@@ -414,16 +453,17 @@ impl Reply {
     /// (RFC 1035 §4.1.3).
     fn record_end(&self, at: u16) -> Option<usize> {
         let at = usize::from(at);
-        let rdlen = get16(&self.bytes, at + 4)?;
+        let rdlen = get16(self.bytes(), at + 4)?;
         Some(at + 6 + usize::from(rdlen))
     }
 }
 
-/// Rewrites the TTL field at each of `ttls` in `out` with `rule` of its stored value.
+/// Rewrites the TTL field at each offset of the TTL index `ttls` in `out` with `rule` of its
+/// stored value.
 #[inline(always)]
-fn patch_ttls(out: &mut [u8], ttls: &[u16], rule: impl Fn(u32) -> u32) {
-    for &at in ttls {
-        let at = usize::from(at);
+fn patch_ttls(out: &mut [u8], ttls: &[u8], rule: impl Fn(u32) -> u32) {
+    for at in ttls.chunks_exact(2) {
+        let at = usize::from(u16::from_ne_bytes([at[0], at[1]]));
         if let Some(stored) = get32(out, at) {
             set32(out, at, rule(stored));
         }
