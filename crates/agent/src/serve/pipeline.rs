@@ -610,7 +610,8 @@ pub const MAX_PENDING: usize = 4096;
 /// then the waiter gets SERVFAIL now (counted as a SERVFAIL answer).
 pub fn spawn(shared: &Arc<Shared>, runtime: &tokio::runtime::Handle, miss: Miss, waiter: Waiter) {
     let Some(in_flight) = shared.track(MAX_PENDING) else {
-        answer_waiter(shared, &miss.zone, waiter, &Outcome::Failed, Instant::now());
+        let (zone, qname, now) = (&miss.zone, miss.key.qname(), Instant::now());
+        answer_waiter(shared, zone, qname, waiter, &Outcome::Failed, now);
         return;
     };
     spawn_tracked(shared, runtime, miss, waiter, in_flight);
@@ -739,7 +740,8 @@ async fn resolve(shared: Arc<Shared>, miss: Miss, waiter: Waiter, _in_flight: In
         Joined::Follower => return,
         Joined::Full(waiter) => {
             shared.metrics.counters().flight_full();
-            answer_waiter(&shared, zone, waiter, &Outcome::Failed, Instant::now());
+            let now = Instant::now();
+            answer_waiter(&shared, zone, key.qname(), waiter, &Outcome::Failed, now);
             return;
         }
     }
@@ -830,7 +832,7 @@ async fn fetch_or_stale_after(
     if let Some(Lookup::Stale { entry, ttl }) = stale {
         let outcome = Outcome::Entry(entry, ttl, Source::StaleAfterMiss);
         for waiter in zone.flights.take(key.as_bytes()) {
-            answer_waiter(shared, zone, waiter, &outcome, now);
+            answer_waiter(shared, zone, key.qname(), waiter, &outcome, now);
         }
     }
     fetching.await
@@ -848,7 +850,7 @@ pub(super) fn complete(
     // One clock read for all of them.
     let now = Instant::now();
     for waiter in waiters {
-        answer_waiter(shared, zone, waiter, outcome, now);
+        answer_waiter(shared, zone, key.qname(), waiter, outcome, now);
     }
     joined
 }
@@ -991,10 +993,12 @@ fn outcome(updated: Updated) -> Outcome {
     }
 }
 
-/// Answers one client that waited for `zone`'s fetch.
+/// Answers one client that waited for `zone`'s fetch of `qname` (the fetch's key's: the name
+/// every waiter of the fetch asked, lowercased as a key holds it).
 fn answer_waiter(
     shared: &Arc<Shared>,
     zone: &Arc<Zone>,
+    qname: &[u8],
     mut waiter: Waiter,
     outcome: &Outcome,
     now: Instant,
@@ -1037,11 +1041,10 @@ fn answer_waiter(
         clients: shared.clients.shared(),
         log: &shared.querylog,
     };
-    let key = query.key();
     let answered = Answered {
         client: &waiter.client,
         query: &query,
-        qname: key.qname(),
+        qname,
         source,
         response: &out,
         elapsed,
