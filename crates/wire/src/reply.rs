@@ -282,7 +282,7 @@ impl Reply {
         &self.info
     }
 
-    /// The stored bytes (OPT removed). Also what the cache weighs an entry by.
+    /// The stored bytes (OPT removed).
     pub fn bytes(&self) -> &[u8] {
         self.parts().0
     }
@@ -293,12 +293,6 @@ impl Reply {
         self.data
             .split_at_checked(usize::from(self.len))
             .unwrap_or((&self.data, &[]))
-    }
-
-    /// The offset of the `i`th record's TTL field.
-    fn ttl_at(&self, i: usize) -> Option<u16> {
-        let at = self.parts().1.get(2 * i..2 * i + 2)?;
-        Some(u16::from_ne_bytes([at[0], at[1]]))
     }
 
     /// The stored question: bytes from offset 12 to the end of the question (name, type,
@@ -329,8 +323,8 @@ impl Reply {
     /// (and OPT) alone, with TC, are written, even beyond `limit` (they are under 300 bytes,
     /// below any real limit).
     ///
-    /// Allocates nothing once `out` has grown to the answer's size; a cut answer costs a binary
-    /// search over the TTL index, which also locates where each record ends.
+    /// Allocates nothing once `out` has grown to the answer's size; a cut answer also reads the
+    /// TTL index of the records it keeps, which locates where each record ends.
     ///
     /// `query` must have the same key as the query this reply answers; the question bytes are
     /// copied from it (if they differ beyond letter case, a caller bug, the stored question is
@@ -424,46 +418,37 @@ impl Reply {
 
     /// How many records, from the first, end within `budget` bytes, and where the last of them
     /// ends (the end of the question when none does). Records are contiguous and in order, so
-    /// their ends rise with their TTL offsets: a binary search over the TTL index.
+    /// their ends rise with their TTL offsets: the records that fit are the first ones, read up
+    /// to the first that does not (no more than the copy of the kept records costs).
     fn fitting(&self, budget: usize) -> (usize, usize) {
-        let fits = |i: usize| {
-            self.ttl_at(i)
-                .and_then(|at| self.record_end(at))
-                .is_some_and(|end| end <= budget)
-        };
-        // The first record that does not fit: `fits` holds for a prefix of the records.
-        let (mut kept, mut beyond) = (0, self.parts().1.len() / 2);
-        while kept < beyond {
-            let mid = kept + (beyond - kept) / 2;
-            if fits(mid) {
-                kept = mid + 1;
-            } else {
-                beyond = mid;
+        let (bytes, index) = self.parts();
+        // The end of the record whose TTL field is at `at`: the TTL, RDLENGTH, then RDATA
+        // (RFC 1035 §4.1.3).
+        let record_end = |at: usize| Some(at + 6 + usize::from(get16(bytes, at + 4)?));
+        let (mut kept, mut end) = (0, usize::from(self.question_end));
+        for at in offsets(index) {
+            match record_end(at) {
+                Some(record) if record <= budget => (kept, end) = (kept + 1, record),
+                _ => break,
             }
         }
-        let end = kept
-            .checked_sub(1)
-            .and_then(|last| self.ttl_at(last))
-            .and_then(|at| self.record_end(at))
-            .unwrap_or(usize::from(self.question_end));
         (kept, end)
     }
+}
 
-    /// The end of the record whose TTL field is at `at`: the TTL, RDLENGTH, then RDATA
-    /// (RFC 1035 §4.1.3).
-    fn record_end(&self, at: u16) -> Option<usize> {
-        let at = usize::from(at);
-        let rdlen = get16(self.bytes(), at + 4)?;
-        Some(at + 6 + usize::from(rdlen))
-    }
+/// The offsets a TTL index holds, in order.
+#[inline(always)]
+fn offsets(index: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    index
+        .chunks_exact(2)
+        .map(|at| usize::from(u16::from_ne_bytes([at[0], at[1]])))
 }
 
 /// Rewrites the TTL field at each offset of the TTL index `ttls` in `out` with `rule` of its
 /// stored value.
 #[inline(always)]
 fn patch_ttls(out: &mut [u8], ttls: &[u8], rule: impl Fn(u32) -> u32) {
-    for at in ttls.chunks_exact(2) {
-        let at = usize::from(u16::from_ne_bytes([at[0], at[1]]));
+    for at in offsets(ttls) {
         if let Some(stored) = get32(out, at) {
             set32(out, at, rule(stored));
         }
