@@ -49,7 +49,7 @@ pub use edit::{answers_of_type, rotate_addresses, set_opt_size};
 pub use header::{Header, set_id};
 pub use key::{KEY_CAP, Key, build_query, ns_query, root_ns_query};
 pub use name::is_subdomain;
-pub use query::{Edns, ParseError, Query};
+pub use query::{Edns, Layout, ParseError, Query};
 pub use reply::{Info, Reply, ReplyError, TtlRule, same_question};
 pub use synth::{write_error, write_formerr, write_truncated};
 

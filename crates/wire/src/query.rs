@@ -78,6 +78,14 @@ impl ParseError {
     }
 }
 
+/// Where [`Query::parse`] found a query's question end and its OPT record: kept beside the
+/// query's bytes, it views them again ([`Query::with_layout`]) without a second parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    question_end: u16,
+    opt: Option<u16>,
+}
+
 /// Bytes of a record after its owner name: TYPE, CLASS, TTL, RDLENGTH (RFC 1035 §4.1.3).
 pub(crate) const RR_FIXED_LEN: usize = 10;
 
@@ -169,6 +177,26 @@ impl<'a> Query<'a> {
             return Err(ParseError::BadVersion(edns.version));
         }
         Ok(query)
+    }
+
+    /// What parsing found, to view the same bytes again later ([`Query::with_layout`]).
+    pub fn layout(&self) -> Layout {
+        Layout {
+            question_end: self.question_end,
+            opt: self.opt,
+        }
+    }
+
+    /// `bytes`, which [`Query::parse`] accepted with `layout`, viewed as that query again without
+    /// parsing them. Other bytes give a query whose accessors read the wrong places (they read
+    /// in bounds all the same: never a panic).
+    pub fn with_layout(bytes: &'a [u8], layout: Layout) -> Self {
+        debug_assert_eq!(Query::parse(bytes).map(|q| q.layout()), Ok(layout));
+        Query {
+            bytes,
+            question_end: layout.question_end,
+            opt: layout.opt,
+        }
     }
 
     /// The packet as received.
@@ -333,6 +361,20 @@ mod tests {
             })
         );
         assert_eq!(query.bytes(), &bytes[..]);
+    }
+
+    #[test]
+    fn a_query_viewed_again_by_its_layout_reads_as_parsed() {
+        for edns in [None, Some((4096, true))] {
+            let bytes = query_bytes("WwW.ExAmple.com.", edns);
+            let parsed = Query::parse(&bytes).unwrap();
+            let again = Query::with_layout(&bytes, parsed.layout());
+            assert_eq!(again.question(), parsed.question());
+            assert_eq!(again.qtype(), rtype::AAAA);
+            assert_eq!(again.edns(), parsed.edns());
+            assert_eq!(again.udp_limit(), parsed.udp_limit());
+            assert_eq!(again.key(), parsed.key());
+        }
     }
 
     #[test]

@@ -100,6 +100,7 @@ pub(super) fn front(
                 key: a_key,
                 labels: at.labels,
                 dns64: Some(Box::new(Pending { dns64, aaaa, hit })),
+                layout: query.layout(),
             });
         }
         Local::Failed(_) => None,
@@ -231,6 +232,7 @@ pub(super) fn waiter(
                 key: a_key,
                 labels: waiter.labels,
                 dns64: None,
+                layout: waiter.layout,
             };
             waiter.query = query.bytes().into();
             waiter.dns64 = Some(Box::new(Pending { dns64, aaaa, hit }));

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::Message;
 use nodedns_cache::{Cache, Class, Entry, Fetched, Found, Joined, Lookup, Stored, Updated};
-use nodedns_wire::{Key, ParseError, Query, Reply, ReplyError, TtlRule, rcode, rtype};
+use nodedns_wire::{Key, Layout, ParseError, Query, Reply, ReplyError, TtlRule, rcode, rtype};
 
 use super::querylog::QueryLog;
 use super::request::{Client, Labels, Proto, Source};
@@ -60,11 +60,14 @@ pub struct Miss {
     pub labels: Labels,
     /// The AAAA answer `dns64` replaces once this miss (of the A question) is answered.
     pub dns64: Option<Box<super::dns64::Pending>>,
+    /// The client's query as parsed: its waiter's answer is written without parsing it again.
+    pub layout: Layout,
 }
 
 impl Miss {
-    /// The client `query` (as received, from `client` at `started`) waiting for this miss's
-    /// answer, to be sent through `reply_to`: it takes the miss's labels and its `dns64` part.
+    /// The client `query` (as received, from `client` at `started`: the bytes the miss was
+    /// parsed from) waiting for this miss's answer, to be sent through `reply_to`: it takes the
+    /// miss's labels, its query's layout and its `dns64` part.
     pub fn waiter(
         &mut self,
         query: &[u8],
@@ -74,6 +77,7 @@ impl Miss {
     ) -> Waiter {
         Waiter {
             query: query.into(),
+            layout: self.layout,
             reply_to,
             client,
             started,
@@ -110,6 +114,8 @@ pub enum ReplyTo {
 #[derive(Debug)]
 pub struct Waiter {
     pub query: Box<[u8]>,
+    /// What parsing `query` found ([`Query::with_layout`]).
+    pub layout: Layout,
     pub reply_to: ReplyTo,
     pub client: Client,
     pub started: Instant,
@@ -453,6 +459,7 @@ pub(super) fn upstream(
         key,
         labels,
         dns64: None,
+        layout: query.layout(),
     })
 }
 
@@ -632,18 +639,16 @@ pub fn spawn_tracked(
 /// [`Shared::track`]): SERVFAIL, written into `out` for the listener to send with its batch, as
 /// a hit's answer is, and counted as [`spawn`] counts it. No waiter, no allocation: under a
 /// flood of unique names this is what most datagrams cost, and the cheaper it is, the more
-/// datagrams the listener reads, the other clients' among them. False when `packet` is no
-/// query to answer.
+/// datagrams the listener reads, the other clients' among them. `packet` is the query the
+/// miss was parsed from.
 pub fn refused_for_load(
     to: &Recorder<'_>,
     miss: &Miss,
     packet: &[u8],
     client: &Client,
     out: &mut Vec<u8>,
-) -> bool {
-    let Ok(query) = Query::parse(packet) else {
-        return false;
-    };
+) {
+    let query = Query::with_layout(packet, miss.layout);
     nodedns_wire::write_error(&query, rcode::SERVFAIL.into(), out);
     before_cache(&miss.zone, &query, out);
     let answered = Answered {
@@ -661,7 +666,6 @@ pub fn refused_for_load(
         &miss.zone.server.log,
         answered,
     );
-    true
 }
 
 /// Starts a background refresh of `refresh`'s key on `runtime`, unless a fetch for the key is
@@ -1004,9 +1008,7 @@ fn answer_waiter(
     now: Instant,
 ) {
     let bytes = std::mem::take(&mut waiter.query);
-    let Ok(query) = Query::parse(&bytes) else {
-        return;
-    };
+    let query = Query::with_layout(&bytes, waiter.layout);
     let limit = match waiter.client.proto {
         Proto::Udp => query.udp_limit(),
         Proto::Tcp => TCP_LIMIT,
@@ -1364,17 +1366,11 @@ mod tests {
         let (client_socket, client) = udp_client();
         let gone = stored + Duration::from_secs(60 + 3600 + 1);
         let query = client_query(0x4242);
-        let Front::Miss(miss) = answer(&to, &snap, &query, listen, &client, gone, &mut out) else {
+        let Front::Miss(mut miss) = answer(&to, &snap, &query, listen, &client, gone, &mut out)
+        else {
             panic!("a miss past the stale window");
         };
-        let waiter = Waiter {
-            query: query.as_slice().into(),
-            reply_to: ReplyTo::Udp(listener),
-            client,
-            started: Instant::now(),
-            labels: miss.labels,
-            dns64: None,
-        };
+        let waiter = miss.waiter(&query, ReplyTo::Udp(listener), client, Instant::now());
         spawn(&shared, &runtime, miss, waiter);
         let deadline = Instant::now() + Duration::from_secs(5);
         while zone.flights.sizes().waiters == 0 {
@@ -1430,7 +1426,8 @@ mod tests {
         let query = client_query(0x4343);
         let mut out = Vec::new();
         let now = Instant::now();
-        let Front::Miss(miss) = answer(&to, &snap, &query, LISTEN, &client, now, &mut out) else {
+        let Front::Miss(mut miss) = answer(&to, &snap, &query, LISTEN, &client, now, &mut out)
+        else {
             panic!("a cold cache misses");
         };
         // Another fetch of the key ends now, before this miss joins.
@@ -1440,14 +1437,8 @@ mod tests {
             cache.store(miss.key.as_bytes(), reply, now),
             Stored::Entry(_)
         ));
-        let waiter = Waiter {
-            query: query.as_slice().into(),
-            reply_to: ReplyTo::Udp(Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap())),
-            client,
-            started: now,
-            labels: miss.labels,
-            dns64: None,
-        };
+        let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let waiter = miss.waiter(&query, ReplyTo::Udp(socket), client, now);
         spawn(&shared, &tokio::runtime::Handle::current(), miss, waiter);
         let mut buf = [0u8; 512];
         let n = tokio::task::spawn_blocking(move || {
@@ -1695,14 +1686,8 @@ mod tests {
             panic!("the A question misses");
         };
         assert_eq!(miss.key.qtype(), rtype::A);
-        let waiter = Waiter {
-            query: query.as_slice().into(),
-            reply_to: ReplyTo::Udp(Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap())),
-            client,
-            started: now,
-            labels: miss.labels,
-            dns64: miss.dns64.take(),
-        };
+        let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let waiter = miss.waiter(&query, ReplyTo::Udp(socket), client, now);
         assert!(waiter.dns64.is_some(), "the AAAA answer waits with it");
         spawn(&shared, &tokio::runtime::Handle::current(), miss, waiter);
         let (asked, release) = tokio::task::spawn_blocking(move || {

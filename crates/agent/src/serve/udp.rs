@@ -636,9 +636,8 @@ impl Worker {
                         pipeline::spawn_tracked(shared, runtime, miss, waiter, in_flight);
                     }
                     None => {
-                        if pipeline::refused_for_load(to, &miss, packet, &client, out) {
-                            self.answers.push(slot);
-                        }
+                        pipeline::refused_for_load(to, &miss, packet, &client, out);
+                        self.answers.push(slot);
                     }
                 },
             }
