@@ -48,7 +48,7 @@ use crate::health::Health;
 use crate::metrics::{self, Held};
 use crate::msg::{self, Check};
 use crate::pool::{Fault, Pick, Pool};
-use crate::rtt::Rtt;
+use crate::rtt::{MIN_HEDGE, Rtt};
 use crate::{Config, ConfigError, Error, Metrics, Net, Selection, Transport, udp};
 
 /// How many times the failures of one query may walk its address list. Attempts that fail fast
@@ -314,7 +314,7 @@ impl<D: Dial> Group<D> {
         // The first exchange lives in this future (no allocation on the common path).
         let first = pin!(Some(new(order.get(0), 0, Pick::Newest, Why::First)));
         let mut race = Race::new(self, &order, start, &marks, first, new);
-        let timer = pin!(sleep_until(race.deadline));
+        let timer = pin!(sleep_until(race.earliest_wake()));
         let outcome = race.run(timer).await;
         race.retire();
         let mut reply = outcome?;
@@ -553,10 +553,22 @@ where
         }
     }
 
+    /// The earliest moment anything can fall due: no hedge comes sooner after an exchange
+    /// began than [`MIN_HEDGE`] or the read timeout, no expiry sooner than the read timeout.
+    fn earliest_wake(&self) -> Instant {
+        let config = &self.group.config;
+        self.start + MIN_HEDGE.min(config.read_timeout).min(config.timeout)
+    }
+
     /// Runs until a reply is accepted, every exchange has failed, or the deadline; sleeps on
-    /// `timer` alone.
+    /// `timer` alone, set first to [`Race::earliest_wake`].
+    ///
+    /// The timer is moved earlier at once, but later only once it has fired: moving a
+    /// registered timer takes it out of the runtime's timer wheel and puts it back, and on the
+    /// common path (a slot, a write, a reply within the hedge timeout) the timer never fires
+    /// and is set once. A query still waiting at the earliest wake is looked at once more.
     async fn run(&mut self, mut timer: Pin<&mut Sleep>) -> Result<Vec<u8>, Error> {
-        let mut timer_at = self.deadline;
+        let mut timer_at = timer.deadline();
         poll_fn(|cx| {
             loop {
                 if let Some(reply) = self.poll_exchanges(cx) {
@@ -579,7 +591,7 @@ where
                     return Poll::Ready(Err(error));
                 }
                 let wake = self.wake(hedge_at);
-                if wake != timer_at {
+                if wake < timer_at || timer_at <= now {
                     timer.as_mut().reset(wake);
                     timer_at = wake;
                 }
@@ -845,11 +857,12 @@ async fn tcp<D: Dial>(
     let (slot, waited) = target.pool.slot().await.ok_or(Fault::Refused)?;
     // The round trip starts with the slot; one taken at once was taken when the exchange began.
     let active = if waited { Instant::now() } else { begun };
-    mark.set(active - start, false);
+    let since_start = active - start;
+    mark.set(since_start, false);
     let mut lease = target.pool.lease(slot, pick).await?;
     // Alive: it answered since the query began, or its handshake just completed.
     if lease.answered().is_none_or(|at| at > start) {
-        mark.set(active - start, true);
+        mark.set(since_start, true);
     }
     let reply = lease.exchange(query).await?;
     lease.release();
