@@ -1226,6 +1226,33 @@ mod tests {
         );
     }
 
+    /// A query waiting for its pool slot has no exchange in flight: its timer fires at the
+    /// earliest moment a hedge could fall due, finds nothing due, and is moved to the deadline,
+    /// which still bounds the wait and the exchange after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_query_that_waited_for_its_slot_still_ends_at_its_deadline() {
+        let up = Upstream::start(Mode::Silent, 1).await;
+        let timeout = Duration::from_millis(300);
+        let g = Arc::new(group(Config {
+            max_connections: 1,
+            timeout,
+            ..config(&[up.addr])
+        }));
+        let first = tokio::spawn({
+            let g = g.clone();
+            async move { ask(&g, "a.example.").await }
+        });
+        up.until("the first query", |s| s.tcp_queries.load(SeqCst) == 1)
+            .await;
+        tokio::time::advance(Duration::from_millis(100)).await;
+        // The only slot is the first query's until its deadline, 200 ms from now; this one's
+        // deadline is 300 ms from now, before its own hedge could fall due.
+        let asked = Instant::now();
+        assert_eq!(ask(&g, "b.example.").await, Err(Error::Timeout));
+        assert_eq!(asked.elapsed(), timeout, "neither early nor late");
+        assert_eq!(first.await.expect("no panic"), Err(Error::Timeout));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_silent_upstream_fails_over_to_the_second_address_in_time() {
         let silent = Upstream::start(Mode::Silent, 1).await;
