@@ -48,7 +48,7 @@ use crate::health::Health;
 use crate::metrics::{self, Held};
 use crate::msg::{self, Check};
 use crate::pool::{Fault, Pick, Pool};
-use crate::rtt::{MIN_HEDGE, Rtt};
+use crate::rtt::{Rtt, shortest_hedge};
 use crate::{Config, ConfigError, Error, Metrics, Net, Selection, Transport, udp};
 
 /// How many times the failures of one query may walk its address list. Attempts that fail fast
@@ -554,10 +554,11 @@ where
     }
 
     /// The earliest moment anything can fall due: no hedge comes sooner after an exchange
-    /// began than [`MIN_HEDGE`] or the read timeout, no expiry sooner than the read timeout.
+    /// began than [`shortest_hedge`], no expiry sooner than the read timeout (which that is
+    /// never longer than), no deadline sooner than the timeout.
     fn earliest_wake(&self) -> Instant {
         let config = &self.group.config;
-        self.start + MIN_HEDGE.min(config.read_timeout).min(config.timeout)
+        self.start + shortest_hedge(config.read_timeout).min(config.timeout)
     }
 
     /// Runs until a reply is accepted, every exchange has failed, or the deadline; sleeps on
@@ -568,7 +569,6 @@ where
     /// common path (a slot, a write, a reply within the hedge timeout) the timer never fires
     /// and is set once. A query still waiting at the earliest wake is looked at once more.
     async fn run(&mut self, mut timer: Pin<&mut Sleep>) -> Result<Vec<u8>, Error> {
-        let mut timer_at = timer.deadline();
         poll_fn(|cx| {
             loop {
                 if let Some(reply) = self.poll_exchanges(cx) {
@@ -591,9 +591,9 @@ where
                     return Poll::Ready(Err(error));
                 }
                 let wake = self.wake(hedge_at);
+                let timer_at = timer.deadline();
                 if wake < timer_at || timer_at <= now {
                     timer.as_mut().reset(wake);
-                    timer_at = wake;
                 }
                 if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;

@@ -20,6 +20,11 @@ use std::time::Duration;
 /// slow answer costs at worst is one duplicate query.
 pub(crate) const MIN_HEDGE: Duration = Duration::from_millis(50);
 
+/// The shortest [`Rtt::hedge_after`] under `cap`, whatever has been measured.
+pub(crate) fn shortest_hedge(cap: Duration) -> Duration {
+    MIN_HEDGE.min(cap)
+}
+
 /// The timeout before the first reply has been measured (RFC 6298 says 1 s for TCP; a DNS
 /// server that takes longer than this to answer a new connection's first query is rare).
 pub(crate) const INITIAL_HEDGE: Duration = Duration::from_millis(200);
@@ -54,7 +59,7 @@ impl Rtt {
 
     /// How long an exchange may stay silent before the query is hedged: SRTT + 4·RTTVAR
     /// (RFC 6298 §2.3), at least [`MIN_HEDGE`], at most `cap` (the per-attempt read timeout:
-    /// beyond it the exchange has failed anyway).
+    /// beyond it the exchange has failed anyway). Never shorter than [`shortest_hedge`].
     pub(crate) fn hedge_after(&self, cap: Duration) -> Duration {
         let word = self.0.load(Ordering::Relaxed);
         let timeout = if word == 0 {
@@ -63,7 +68,7 @@ impl Rtt {
             let (srtt, rttvar) = (word >> 32, word & u64::from(u32::MAX));
             Duration::from_micros(srtt + 4 * rttvar)
         };
-        timeout.max(MIN_HEDGE).min(cap)
+        timeout.clamp(shortest_hedge(cap), cap)
     }
 
     /// The smoothed round-trip time, if measured (tests).
