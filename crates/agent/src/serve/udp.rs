@@ -28,13 +28,24 @@
 //!   flood, reading and resolving share the thread evenly: the misses read go upstream at once,
 //!   and the hits queued behind them (other clients') are still read. A miss that finds
 //!   [`pipeline::MAX_PENDING`] misses pending is answered SERVFAIL in the batch, as a hit is.
+//! - **Many misses in flight** ([`COALESCE_FROM`] or more tasks alive): when the runtime finds
+//!   nothing to do, the thread pauses [`COALESCE_PAUSE`] before it sleeps on the reactor
+//!   ([`pause_before_sleep`]), so that the upstream replies and the datagrams arriving
+//!   meanwhile wake it once, together. A worker far ahead of its upstream and its clients
+//!   otherwise wakes for every event, and so do they: in the shared harness's miss phase (the
+//!   worker on one CPU, the client and the upstream on the other) that state came and went from
+//!   one quarter hour to the next, every process switching about five times as often, the
+//!   client spending twice the CPU a query and the throughput a third lower
+//!   (docs/performance.md). With fewer misses in flight the worker sleeps at once: the pause
+//!   only delays a worker whose upstream replies are due.
 //!
 //! The worker registers the socket as soon as a batch leaves a task alive, and withdraws it once
 //! none has been alive for [`LINGER`]: a steady mix of hits and misses stays on the reactor, a
 //! run of hits alone goes back to the blocking wait.
 //!
 //! Invariants: no allocation per query on the hit path after warm-up (buffers are reused), no
-//! lock; a hit never awaits. The socket has a receive timeout so the blocking wait sees shutdown
+//! lock; a hit never awaits (a worker pausing with many misses in flight reads it at most
+//! [`COALESCE_PAUSE`] later). The socket has a receive timeout so the blocking wait sees shutdown
 //! within [`POLL`] even when no query arrives; the reactor's wait also wakes on [`Stop`]. A
 //! stopped worker runs its runtime until its misses are answered ([`DRAIN`] at most).
 
@@ -73,6 +84,15 @@ const POLL: Duration = Duration::from_millis(100);
 const LINGER: Duration = Duration::from_millis(20);
 /// Batches a worker reads in one turn at most, before the tasks it started run.
 const MAX_TURN: usize = 16;
+/// Tasks alive on a worker's runtime (misses in flight, for the most part) from which it pauses
+/// before it sleeps.
+const COALESCE_FROM: usize = 32;
+/// How long that pause lasts: about what a miss takes through a local upstream, so that the
+/// replies of the misses in flight arrive within it.
+const COALESCE_PAUSE: Duration = Duration::from_micros(100);
+/// The timer slack of a worker's thread: the kernel may end its sleeps this much late (50 µs by
+/// default, half the pause).
+const TIMER_SLACK_NS: u64 = 1_000;
 /// How long a stopped worker keeps running its runtime for the misses still in flight (the
 /// upstream's deadline ends each well before).
 const DRAIN: Duration = Duration::from_secs(5);
@@ -196,10 +216,7 @@ impl Stop {
 /// then answers its misses still in flight. `local` is the address the socket is bound to. A
 /// batch that was read is always answered before the loop looks at either.
 pub fn run(shared: Arc<Shared>, socket: Arc<UdpSocket>, local: SocketAddr, stop: Stop) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match worker_runtime() {
         Ok(runtime) => runtime,
         Err(err) => {
             tracing::error!(%local, %err, "cannot start a UDP worker's runtime");
@@ -207,6 +224,9 @@ pub fn run(shared: Arc<Shared>, socket: Arc<UdpSocket>, local: SocketAddr, stop:
         }
     };
     forbid_fragments(&socket, local);
+    if let Err(err) = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS) {
+        tracing::debug!(%local, %err, "cannot set the UDP worker's timer slack");
+    }
     OUTBOX.with(|o| *o.borrow_mut() = Some(Outbox::new(shared.metrics.clone(), socket.clone())));
     runtime.block_on(serve(&shared, &socket, local, &stop));
     runtime.block_on(drain(DRAIN));
@@ -214,6 +234,39 @@ pub fn run(shared: Arc<Shared>, socket: Arc<UdpSocket>, local: SocketAddr, stop:
     // answered as it drops (`pipeline`), straight from this thread.
     OUTBOX.with(|o| *o.borrow_mut() = None);
     drop(runtime);
+}
+
+/// A worker's runtime: current-thread, pausing before it sleeps while many misses are in flight.
+fn worker_runtime() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(pause_before_sleep)
+        .build()
+}
+
+/// Runs when the worker's runtime has nothing to do and is about to sleep on its reactor: with
+/// [`COALESCE_FROM`] tasks or more alive, sleeps [`COALESCE_PAUSE`] first, so that the events
+/// arriving meanwhile wake the runtime once, together.
+fn pause_before_sleep() {
+    let alive = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    if pauses(alive) {
+        #[cfg(test)]
+        PAUSES.with(|p| p.set(p.get() + 1));
+        std::thread::sleep(COALESCE_PAUSE);
+    }
+}
+
+/// Whether a worker with `alive` tasks pauses before it sleeps.
+fn pauses(alive: usize) -> bool {
+    alive >= COALESCE_FROM
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The pauses this thread took ([`pause_before_sleep`]).
+    static PAUSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// The serving loop of one worker (see the module's documentation).
@@ -776,10 +829,7 @@ mod tests {
     /// A worker's runtime, its socket with this thread's outbox, and a client socket that
     /// reads without blocking.
     fn worker_with_outbox() -> (tokio::runtime::Runtime, Arc<UdpSocket>, Arc<UdpSocket>) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = worker_runtime().unwrap();
         let server = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
         let client = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
         client.set_nonblocking(true).unwrap();
@@ -846,6 +896,30 @@ mod tests {
         OUTBOX.with(|o| *o.borrow_mut() = None);
         let n = received.expect("the answer should have left before the runtime looked for events");
         assert_eq!(&buf[..n], b"only");
+    }
+
+    /// A worker's runtime that finds nothing to do pauses before it sleeps with
+    /// [`COALESCE_FROM`] tasks alive (misses waiting for their replies), and sleeps at once with
+    /// one fewer.
+    #[test]
+    fn a_worker_pauses_before_it_sleeps_only_with_many_misses_in_flight() {
+        for (alive, paused) in [
+            (0, false),
+            (COALESCE_FROM - 1, false),
+            (COALESCE_FROM, true),
+        ] {
+            let runtime = worker_runtime().unwrap();
+            let before = PAUSES.with(|p| p.get());
+            runtime.block_on(async {
+                for _ in 0..alive {
+                    tokio::spawn(std::future::pending::<()>());
+                }
+                // Nothing else is ready: the runtime sleeps on its reactor until the timer.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            });
+            let pauses = PAUSES.with(|p| p.get()) - before;
+            assert_eq!(pauses > 0, paused, "{alive} tasks alive: {pauses} pauses");
+        }
     }
 
     /// Each answer of a batch goes to the peer of its own datagram: when every datagram has an
