@@ -33,10 +33,9 @@
 //!   ([`pause_before_sleep`]), so that the upstream replies and the datagrams arriving
 //!   meanwhile wake it once, together. A worker far ahead of its upstream and its clients
 //!   otherwise wakes for every event, and so do they: in the shared harness's miss phase (the
-//!   worker on one CPU, the client and the upstream on the other) that state came and went from
-//!   one quarter hour to the next, every process switching about five times as often, the
-//!   client spending twice the CPU a query and the throughput a third lower
-//!   (docs/performance.md). With fewer misses in flight the worker sleeps at once: the pause
+//!   worker on one CPU, the client and the upstream on the other) that state came and went
+//!   within minutes, every process switching about five times as often, the client spending two
+//!   to three times the CPU a query and the throughput about 40 % lower (docs/performance.md). With fewer misses in flight the worker sleeps at once: the pause
 //!   only delays a worker whose upstream replies are due.
 //!
 //! The worker registers the socket as soon as a batch leaves a task alive, and withdraws it once
