@@ -30,13 +30,13 @@
 //!   [`pipeline::MAX_PENDING`] misses pending is answered SERVFAIL in the batch, as a hit is.
 //! - **Many misses in flight** ([`COALESCE_FROM`] or more tasks alive): when the runtime finds
 //!   nothing to do, the thread pauses [`COALESCE_PAUSE`] before it sleeps on the reactor
-//!   ([`pause_before_sleep`]), so that the upstream replies and the datagrams arriving
-//!   meanwhile wake it once, together. A worker far ahead of its upstream and its clients
-//!   otherwise wakes for every event, and so do they: in the shared harness's miss phase (the
-//!   worker on one CPU, the client and the upstream on the other) that state came and went
-//!   within minutes, every process switching about five times as often, the client spending two
-//!   to three times the CPU a query and the throughput about 40 % lower (docs/performance.md). With fewer misses in flight the worker sleeps at once: the pause
-//!   only delays a worker whose upstream replies are due.
+//!   ([`pause_before_sleep`]), so that the upstream replies and the datagrams arriving meanwhile
+//!   wake it once, together. A worker far ahead of its upstream and its clients otherwise wakes for
+//!   every event, and so do they: in the shared harness's miss phase (the worker on one CPU, the
+//!   client and the upstream on the other) that state came and went within minutes, every process
+//!   switching about five times as often, the client spending two to three times the CPU a query
+//!   and the throughput about 40 % lower (docs/performance.md). With fewer misses in flight the
+//!   worker sleeps at once: the pause only delays a worker whose upstream replies are due.
 //!
 //! The worker registers the socket as soon as a batch leaves a task alive, and withdraws it once
 //! none has been alive for [`LINGER`]: a steady mix of hits and misses stays on the reactor, a
@@ -250,16 +250,11 @@ fn pause_before_sleep() {
     let alive = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
-    if pauses(alive) {
+    if alive >= COALESCE_FROM {
         #[cfg(test)]
         PAUSES.with(|p| p.set(p.get() + 1));
         std::thread::sleep(COALESCE_PAUSE);
     }
-}
-
-/// Whether a worker with `alive` tasks pauses before it sleeps.
-fn pauses(alive: usize) -> bool {
-    alive >= COALESCE_FROM
 }
 
 #[cfg(test)]
